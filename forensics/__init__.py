@@ -1,0 +1,39 @@
+"""PD Forensics: find, prove, fix and verify wedged sglang prefill/decode engines.
+
+``import forensics as fx`` stays light: sub-modules (logs, the twin, NIXL, libcst,
+plotting) load on first attribute access, so a notebook or the CLI pays only for
+what it uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# Public sub-modules, imported lazily on first access (``fx.logs.timeline(...)``).
+_LAZY_SUBMODULES = {
+    "logs",
+    "sglang_source",
+    "sandbox",
+    "handlers",
+    "twin",
+    "cache",
+    "exitcodes",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import cache, exitcodes, logs, sglang_source  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_SUBMODULES:
+        module = importlib.import_module(f".{name}", __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'forensics' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _LAZY_SUBMODULES)

@@ -1,0 +1,97 @@
+"""Suite-wide rules: nothing a test starts may outlive it, live tests need an inventory.
+
+Session fixtures that legitimately keep a server for many tests (an sshd, a wedged
+twin) register its pids with ``leak_guard.allow(pid)``; anything else a test leaves
+running, a child process or a listening socket, fails that test with its name.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+LIVE_INVENTORY_ENV = "PD_FORENSICS_LIVE_INVENTORY"
+
+
+class LeakGuard:
+    def __init__(self) -> None:
+        self.allowed_pids: set[int] = set()
+
+    def allow(self, pid: int) -> None:
+        self.allowed_pids.add(pid)
+        try:
+            for child in psutil.Process(pid).children(recursive=True):
+                self.allowed_pids.add(child.pid)
+        except psutil.Error:
+            pass
+
+    def children(self) -> set[int]:
+        try:
+            return {p.pid for p in psutil.Process().children(recursive=True)}
+        except psutil.Error:
+            return set()
+
+    def listening(self, pids: set[int]) -> set[tuple[int, str, int]]:
+        found = set()
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN and conn.pid in pids and conn.laddr:
+                found.add((conn.pid, conn.laddr.ip, conn.laddr.port))
+        return found
+
+    def describe(self, pid: int) -> str:
+        try:
+            proc = psutil.Process(pid)
+            return f"pid {pid} ({' '.join(proc.cmdline())[:120]})"
+        except psutil.Error:
+            return f"pid {pid}"
+
+
+_guard = LeakGuard()
+
+
+@pytest.fixture(scope="session")
+def leak_guard() -> LeakGuard:
+    return _guard
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_processes_or_ports(request):
+    before_children = _guard.children()
+    before_listening = _guard.listening(before_children | {os.getpid()})
+    yield
+    deadline = time.monotonic() + 10.0
+    while True:
+        # Reap exited children so they do not count as leaks.
+        try:
+            os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        leaked = _guard.children() - before_children - _guard.allowed_pids
+        leaked = {pid for pid in leaked if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
+        tree = (_guard.children() | {os.getpid()}) - _guard.allowed_pids
+        sockets = {s for s in _guard.listening(tree) if s not in before_listening}
+        if not leaked and not sockets:
+            return
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    problems = [f"process outlived the test: {_guard.describe(pid)}" for pid in sorted(leaked)]
+    problems += [f"listening socket outlived the test: {ip}:{port} (pid {pid})" for pid, ip, port in sorted(sockets)]
+    for pid in leaked:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+    pytest.fail("; ".join(problems), pytrace=False)
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get(LIVE_INVENTORY_ENV):
+        return
+    skip_live = pytest.mark.skip(reason=f"live test: set {LIVE_INVENTORY_ENV} to a real deployment's inventory")
+    for item in items:
+        if "live" in item.keywords:
+            item.add_marker(skip_live)
