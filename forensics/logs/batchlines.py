@@ -1,0 +1,150 @@
+"""Parse sglang's periodic "Prefill batch" / "Decode batch" lines into numbers.
+
+Every variant from 0.5.1 to 0.5.23 is a header (``Prefill batch.`` / ``Prefill batch,``
+/ ``Prefill batch [N],``) followed by ``key: value`` fields separated by ", ". Which
+fields appear depends on the release, the role, hybrid models and flags, but within
+one deployment a handful of field layouts ("shapes") repeat millions of times. So a
+layout is parsed slowly once, and every later line with the same layout only has its
+values pulled out by one regex call: that is what keeps big journals fast.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from forensics.logs.schema import BATCH_BOOL_FIELDS, BATCH_COUNT_FIELDS, BATCH_FLOAT_FIELDS
+
+# Message part only (after any journal or sglang prefix).
+HEADER = re.compile(rb"(Prefill|Decode) batch(?: \[(\d+)\])?[.,] ")
+VALUES = re.compile(rb": ([^,]*)")
+_SHAPE_DELETE = b"0123456789.-"
+
+# Field label as printed -> column. "#prealloc-req" depends on the role (see KIND_SPECIFIC).
+FIELD_NAMES: dict[bytes, str] = {
+    b"#new-seq": "new_seq",
+    b"#new-token": "new_token",
+    b"#cached-token": "cached_token",
+    b"token usage": "token_usage",
+    b"full token usage": "full_token_usage",
+    b"swa token usage": "swa_token_usage",
+    b"mamba usage": "mamba_usage",
+    b"#running-req": "running_req",
+    b"#queue-req": "queue_req",
+    b"#pending-token": "pending_token",
+    b"#bootstrap-req": "bootstrap_req",
+    b"#inflight-req": "inflight_req",
+    b"#optimistic-req": "optimistic_req",
+    b"#replay-token": "replay_token",
+    b"waiting-image-req": "waiting_image_req",
+    b"#waiting-image-req": "waiting_image_req",
+    b"#token": "token",
+    b"pre-allocated usage": "pre_allocated_usage",
+    b"#transfer-req": "transfer_req",
+    b"#retracted-req": "retracted_req",
+    b"#host-receive-req": "host_receive_req",
+    b"accept len": "accept_len",
+    b"accept rate": "accept_rate",
+    b"cap len": "cap_len",
+    b"block accept len": "block_accept_len",
+    b"cuda graph": "cuda_graph",
+    b"cpu graph": "cuda_graph",
+    b"npu graph": "cuda_graph",
+    b"musa graph": "cuda_graph",
+    b"input throughput (token/s)": "input_throughput",
+    b"gen throughput (token/s)": "gen_throughput",
+    b"est. prefill TFLOPS/s (per GPU)": "est_prefill_tflops",
+    b"est. decode TFLOPS/s (per GPU)": "est_decode_tflops",
+    b"est. read BW (GB/s per GPU)": "est_read_bw",
+    b"est. write BW (GB/s per GPU)": "est_write_bw",
+    b"fwd occupancy": "fwd_occupancy",
+}
+# Up to 0.5.11 the prefill's bootstrap queue was printed as "#prealloc-req" (renamed in 0.5.12);
+# on the decode "#prealloc-req" is the decode prealloc queue.
+KIND_SPECIFIC = {(b"Prefill", b"#prealloc-req"): "bootstrap_req", (b"Decode", b"#prealloc-req"): "prealloc_req"}
+
+COUNT_SET = frozenset(BATCH_COUNT_FIELDS)
+BOOL_SET = frozenset(BATCH_BOOL_FIELDS)
+
+
+def column_for(kind: bytes, label: bytes) -> str:
+    label = label.strip()
+    name = KIND_SPECIFIC.get((kind, label)) or FIELD_NAMES.get(label)
+    if name:
+        return name
+    # A field this catalogue does not know yet (a newer release): keep it, normalised.
+    text = label.decode("utf-8", "replace").lower()
+    return re.sub(r"[^a-z0-9]+", "_", text).strip("_") or "field"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One field layout: the columns its values fill, in order."""
+
+    kind: str  # "prefill" | "decode"
+    columns: tuple[str, ...]
+
+
+@dataclass
+class ShapeRows:
+    """Rows of one shape collected from one chunk, still as text, converted together."""
+
+    shape: Shape
+    values: list[list[bytes]] = field(default_factory=list)
+    ts: list = field(default_factory=list)
+    ts_source: list[str] = field(default_factory=list)
+    ranks: list[bytes] = field(default_factory=list)
+    iters: list[bytes | None] = field(default_factory=list)
+    origins: list[tuple] = field(default_factory=list)  # (host, unit) per row, journals only
+
+
+def learn_shape(kind: bytes, fields: bytes) -> Shape | None:
+    """Parse a field list slowly to learn its layout; None when it is not a batch field list."""
+    columns = []
+    for part in fields.rstrip(b"\r\n").split(b", "):
+        label, sep, _value = part.rpartition(b": ")
+        if not sep:
+            return None
+        columns.append(column_for(kind, label))
+    if not columns:
+        return None
+    return Shape(kind=kind.decode().lower(), columns=tuple(columns))
+
+
+def shape_key(kind: bytes, fields: bytes) -> tuple[bytes, bytes]:
+    return kind, fields.translate(None, _SHAPE_DELETE)
+
+
+def values_of(fields: bytes) -> list[bytes]:
+    return VALUES.findall(fields)
+
+
+def convert(rows: ShapeRows) -> dict[str, np.ndarray]:
+    """Turn a shape's text rows into numeric column arrays (counts float for now, NaN-able)."""
+    if not rows.values:
+        return {}
+    table = np.array(rows.values, dtype=np.bytes_)
+    out: dict[str, np.ndarray] = {}
+    for index, name in enumerate(rows.shape.columns):
+        column = np.char.strip(table[:, index], b" %\r")
+        if name in BOOL_SET:
+            out[name] = column == b"True"
+            continue
+        try:
+            out[name] = column.astype(np.float64)
+        except ValueError:
+            out[name] = np.array([_to_float(v) for v in column], dtype=np.float64)
+    return out
+
+
+def _to_float(text: bytes) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
+
+
+def is_float_field(name: str) -> bool:
+    return name in BATCH_FLOAT_FIELDS or (name not in COUNT_SET and name not in BOOL_SET)

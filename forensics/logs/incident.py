@@ -1,0 +1,304 @@
+"""Write realistic sglang PD incident logs for a chosen release: the documented fixture generator.
+
+The lines follow the formats in the facts sheet (§5): sglang's ``[time ranks]`` prefix,
+the release's "Prefill batch"/"Decode batch" variant, uvicorn access lines, the abort
+lines of the decode, the DEBUG ABORT send line, and the thread-death traceback that
+CPython's default excepthook prints to the prefill scheduler's stderr (no prefix).
+
+The same records render as sglang log files, as journalctl text (short-iso,
+short-precise, json) or as journal export format for systemd-journal-remote, so every
+reader is tested against one story:
+
+1. steady traffic: prefill and decode batches, /generate, /health and /metrics;
+2. the trigger: a client aborts a request waiting for KV on the decode
+   (``Decode transfer failed ... Aborted by AbortReq.``), which sends ABORT;
+3. the prefill's ``bootstrap_thread`` dies on the GUARD assertion;
+4. afterwards: only one-token health-probe prefill batches with a growing
+   ``#bootstrap-req``, /health still 200, and after the waiting timeout a stream of
+   decode timeouts, each sending another ABORT.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+from packaging.version import Version
+
+GUARD_LINE_BY_RELEASE = {"0.5.13": 1850, "0.5.13.post1": 1850, "0.5.14": 1850, "0.5.15": 2349, "0.5.15.post1": 2349}
+UNITS = {"prefill": "sglang-prefill.service", "decode": "sglang-decode.service", "router": "sglang-router.service"}
+PIDS = {"prefill": 4101, "decode": 4202, "router": 4303}
+
+
+@dataclass(frozen=True)
+class Record:
+    ts: datetime  # UTC
+    role: str
+    text: str  # message without any prefix
+    prefixed: bool = True  # False: raw stderr (tracebacks, uvicorn access lines)
+    ranks: str = " TP0"
+
+
+@dataclass
+class Incident:
+    """The facts a generated incident contains, for tests to assert against."""
+
+    release: str
+    trigger_room: int
+    trigger_rid: str
+    trigger_ts: datetime
+    death_ts: datetime | None
+    stuck_rooms: list[int] = field(default_factory=list)
+    timeout_rooms: list[int] = field(default_factory=list)
+    last_real_prefill: datetime | None = None
+    records: list[Record] = field(default_factory=list)
+
+
+def _v(release: str) -> Version:
+    return Version(release)
+
+
+def prefill_batch_line(release: str, new_seq: int, new_token: int, running: int, queue: int,
+                       bootstrap: int, inflight: int, throughput: float, iteration: int | None = None) -> str:
+    version = _v(release)
+    if version <= Version("0.5.3.post3"):
+        header = "Prefill batch. "
+    elif version == Version("0.5.4"):
+        header = f"Prefill batch [{iteration or 1}], "
+    else:
+        header = "Prefill batch, " if iteration is None else f"Prefill batch [{iteration}], "
+    queue_label = "#prealloc-req" if version < Version("0.5.12") else "#bootstrap-req"
+    optimistic = "#optimistic-req: 0, " if version >= Version("0.5.23") else ""
+    usage = min(0.99, 0.01 * running)
+    return (f"{header}#new-seq: {new_seq}, #new-token: {new_token}, #cached-token: 0, token usage: {usage:.2f}, "
+            f"#running-req: {running}, #queue-req: {queue}, #pending-token: 0, {queue_label}: {bootstrap}, "
+            f"#inflight-req: {inflight}, {optimistic}cuda graph: False, input throughput (token/s): {throughput:.2f}")
+
+
+def decode_batch_line(release: str, running: int, tokens: int, prealloc: int, transfer: int,
+                      throughput: float) -> str:
+    version = _v(release)
+    header = "Decode batch. " if version <= Version("0.5.3.post3") else "Decode batch, "
+    return (f"{header}#running-req: {running}, #token: {tokens}, token usage: {min(0.99, tokens / 200000):.2f}, "
+            f"pre-allocated usage: 0.00, #prealloc-req: {prealloc}, #transfer-req: {transfer}, #retracted-req: 0, "
+            f"cuda graph: True, gen throughput (token/s): {throughput:.2f}, #queue-req: 0")
+
+
+def access_line(method: str, path: str, status: int, port: int) -> str:
+    phrase = {200: "OK", 503: "Service Unavailable", 500: "Internal Server Error"}.get(status, "OK")
+    return f'INFO:     127.0.0.1:{port} - "{method} {path} HTTP/1.1" {status} {phrase}'
+
+
+def thread_death_lines(release: str, thread_number: int = 5) -> list[str]:
+    version = _v(release)
+    target = "bootstrap_thread_guarded" if version >= Version("0.5.21") else "bootstrap_thread"
+    guard_line = GUARD_LINE_BY_RELEASE.get(release, 2349)
+    site = "/opt/sglang/.venv/lib/python3.11/site-packages"
+    lines = [
+        f"Exception in thread Thread-{thread_number} ({target}):",
+        "Traceback (most recent call last):",
+        '  File "/usr/lib/python3.11/threading.py", line 1045, in _bootstrap_inner',
+        "    self.run()",
+        '  File "/usr/lib/python3.11/threading.py", line 982, in run',
+        "    self._target(*self._args, **self._kwargs)",
+    ]
+    if target == "bootstrap_thread_guarded":
+        lines += [f'  File "{site}/sglang/srt/disaggregation/nixl/conn.py", line 3418, in bootstrap_thread_guarded',
+                  "    bootstrap_thread()"]
+    lines += [
+        f'  File "{site}/sglang/srt/disaggregation/nixl/conn.py", line {guard_line}, in bootstrap_thread',
+        "    waiting_req_bytes[0] == GUARD",
+        "AssertionError: First message should be b'NixlMsgGuard'. Foreign traffic?",
+    ]
+    return lines
+
+
+def generate(release: str = "0.5.15", *, start: datetime | None = None, seed: int = 7,
+             steady_seconds: float = 120.0, after_seconds: float = 420.0, waiting_timeout: float = 300.0,
+             debug: bool = True, wedge: bool = True, requests_per_second: float = 2.0) -> Incident:
+    """Build the records of one incident (see the module docstring for the story)."""
+    rng = random.Random(seed)
+    start = start or datetime(2025, 7, 1, 12, 0, 0, tzinfo=UTC)
+    records: list[Record] = []
+    port = 40000
+
+    def add(offset: float, role: str, text: str, prefixed: bool = True) -> None:
+        records.append(Record(start + timedelta(seconds=offset), role, text, prefixed))
+
+    def next_port() -> int:
+        nonlocal port
+        port += 1
+        return port
+
+    t = 0.0
+    room_counter = iter(range(1000, 10**6))
+    in_flight = 0
+    last_real = None
+    # 1. steady traffic
+    while t < steady_seconds:
+        room = next(room_counter)
+        rid = f"{rng.getrandbits(64):016x}"
+        tokens = rng.randint(200, 4000)
+        add(t, "prefill", prefill_batch_line(release, 1, tokens, 0, 0, 0, 1, tokens / 0.4))
+        last_real = start + timedelta(seconds=t)
+        add(t + 0.01, "prefill", access_line("POST", "/generate", 200, next_port()), prefixed=False)
+        add(t + 0.3, "decode", access_line("POST", "/generate", 200, next_port()), prefixed=False)
+        if debug:
+            add(t + 0.02, "decode", f"Abort queued request. req.rid='none' (room {room} not aborted)") if False else None
+        in_flight = rng.randint(1, 6)
+        if int(t) % 2 == 0:
+            add(t + 0.2, "decode", decode_batch_line(release, in_flight, 1000 * in_flight, 0, 0, 95.0 + rng.random()))
+        if int(t * 10) % 50 == 0:
+            add(t + 0.05, "prefill", access_line("GET", "/health", 200, next_port()), prefixed=False)
+            add(t + 0.06, "decode", access_line("GET", "/health", 200, next_port()), prefixed=False)
+        if int(t * 10) % 150 == 0:
+            add(t + 0.07, "prefill", access_line("GET", "/metrics", 200, next_port()), prefixed=False)
+        _ = rid, room
+        t += 1.0 / requests_per_second
+    # 2. the trigger: a client gives up on a request whose KV is still pending
+    trigger_room = next(room_counter)
+    trigger_rid = f"{rng.getrandbits(64):016x}"
+    trigger_t = t + 0.5
+    add(trigger_t - 0.001, "decode", f"Abort transfer queue request. decode_req.req.rid='{trigger_rid}'") if debug else None
+    add(trigger_t, "decode",
+        f"Decode transfer failed for request rank=0 decode_req.req.rid='{trigger_rid}' "
+        f"decode_req.req.bootstrap_room={trigger_room} with exception "
+        f"KVTransferError(bootstrap_room={trigger_room}): Aborted by AbortReq.")
+    if debug:
+        add(trigger_t + 0.001, "decode", f"Sent abort notification for room {trigger_room} to 127.0.0.1:43117")
+    death_t = trigger_t + 0.004
+    stuck: list[int] = []
+    timeouts: list[int] = []
+    if wedge:
+        if _v(release) >= Version("0.5.21"):
+            add(death_t - 0.001, "prefill",
+                "prefill bootstrap_thread died on engine_rank=0; requests to this rank will time out in KVPoll.Bootstrapping")
+        for line in thread_death_lines(release):
+            add(death_t, "prefill", line, prefixed=False)
+    # 3. after: requests pile up; probes keep /health green
+    t = trigger_t + 1.0
+    bootstrap_queue = 0
+    transfer_queue = 0
+    sent_times: list[tuple[float, int]] = []
+    hinted = False
+    while t < trigger_t + after_seconds:
+        room = next(room_counter)
+        if wedge:
+            stuck.append(room)
+            bootstrap_queue += 1
+            transfer_queue += 1
+            sent_times.append((t, room))
+            add(t + 0.01, "decode", access_line("POST", "/generate", 200, next_port()), prefixed=False) if False else None
+        else:
+            add(t, "prefill", prefill_batch_line(release, 1, 512, 0, 0, 0, 1, 1280.0))
+        if int(t * 10) % 50 == 0:
+            # A /health probe that reaches the prefill runs a real one-token batch (facts §4.3).
+            add(t + 0.02, "prefill", prefill_batch_line(release, 1, 1, 0, 0, bootstrap_queue, 0, 0.05))
+            add(t + 0.03, "prefill", access_line("GET", "/health", 200, next_port()), prefixed=False)
+            add(t + 0.04, "decode", access_line("GET", "/health", 200, next_port()), prefixed=False)
+        if int(t) % 2 == 0:
+            add(t + 0.2, "decode", decode_batch_line(release, 0, 0, 0, transfer_queue, 0.0))
+        while wedge and sent_times and t - sent_times[0][0] >= waiting_timeout:
+            sent_at, timed_room = sent_times.pop(0)
+            transfer_queue -= 1
+            timeouts.append(timed_room)
+            elapsed = t - sent_at
+            if not hinted:
+                add(t, "decode", "Some requests fail to receive KV Cache transfer done signal after bootstrapping. "
+                    "If a greater mean TTFT is acceptable, you can 'export SGLANG_DISAGGREGATION_WAITING_TIMEOUT=600' "
+                    "(10 minutes) to relax the timeout condition.")
+                hinted = True
+            timed_rid = f"{rng.getrandbits(64):016x}"
+            add(t + 0.001, "decode",
+                f"Decode transfer failed for request rank=0 decode_req.req.rid='{timed_rid}' "
+                f"decode_req.req.bootstrap_room={timed_room} with exception KVTransferError(bootstrap_room="
+                f"{timed_room}): Request {timed_room} timed out after {elapsed:.1f}s in KVPoll.WaitingForInput")
+            if debug:
+                add(t + 0.002, "decode", f"Sent abort notification for room {timed_room} to 127.0.0.1:43117")
+        t += 1.0 / requests_per_second
+    records.sort(key=lambda r: r.ts)
+    return Incident(release=release, trigger_room=trigger_room, trigger_rid=trigger_rid,
+                    trigger_ts=start + timedelta(seconds=trigger_t),
+                    death_ts=start + timedelta(seconds=death_t) if wedge else None,
+                    stuck_rooms=stuck, timeout_rooms=timeouts, last_real_prefill=last_real, records=records)
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def sglang_line(record: Record, tz: str = "UTC", millis: bool = False) -> str:
+    if not record.prefixed:
+        return record.text
+    local = record.ts.astimezone(ZoneInfo(tz))
+    stamp = local.strftime("%Y-%m-%d %H:%M:%S")
+    if millis:
+        stamp += f".{local.microsecond // 1000:03d}"
+    return f"[{stamp}{record.ranks}] {record.text}"
+
+
+def _journal_prefix(record: Record, style: str, host: str) -> str:
+    unit = UNITS[record.role].removesuffix(".service")
+    pid = PIDS[record.role]
+    if style == "short-iso":
+        stamp = record.ts.strftime("%Y-%m-%dT%H:%M:%S+00:00")
+    elif style == "short-iso-precise":
+        stamp = record.ts.strftime("%Y-%m-%dT%H:%M:%S.%f+00:00")
+    else:  # short-precise, in UTC here
+        stamp = record.ts.strftime("%b %d %H:%M:%S.%f")
+    return f"{stamp} {host} {unit}[{pid}]: "
+
+
+def write_sglang_logs(incident: Incident, directory: Path, tz: str = "UTC", millis: bool = False) -> dict[str, Path]:
+    """One log file per role, as sglang writes them (stderr merged, so tracebacks are in line)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for role in ("prefill", "decode"):
+        path = directory / f"{role}.log"
+        with open(path, "w", encoding="utf-8") as handle:
+            for record in incident.records:
+                if record.role == role:
+                    handle.write(sglang_line(record, tz, millis) + "\n")
+        paths[role] = path
+    return paths
+
+
+def write_journal_text(incident: Incident, path: Path, style: str = "short-iso", host: str = "pd-node-1") -> Path:
+    """Both services in one journalctl text dump (short-iso, short-iso-precise, short-precise or json)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for record in incident.records:
+            message = sglang_line(record)
+            if style == "json":
+                entry = {
+                    "__REALTIME_TIMESTAMP": str(int(record.ts.timestamp() * 1_000_000)),
+                    "_HOSTNAME": host, "_SYSTEMD_UNIT": UNITS[record.role],
+                    "SYSLOG_IDENTIFIER": UNITS[record.role].removesuffix(".service"),
+                    "_PID": str(PIDS[record.role]), "PRIORITY": "6", "MESSAGE": message,
+                }
+                handle.write(json.dumps(entry) + "\n")
+            else:
+                handle.write(_journal_prefix(record, style, host) + message + "\n")
+    return path
+
+
+def write_journal_export(incident: Incident, path: Path, host: str = "pd-node-1") -> Path:
+    """Journal export format (what systemd-journal-remote reads) for both services."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as handle:
+        for number, record in enumerate(incident.records):
+            micros = int(record.ts.timestamp() * 1_000_000)
+            fields = {
+                "__CURSOR": f"s=0;i={number}", "__REALTIME_TIMESTAMP": str(micros),
+                "__MONOTONIC_TIMESTAMP": str(number + 1), "_BOOT_ID": "0123456789abcdef0123456789abcdef",
+                "_HOSTNAME": host, "_SYSTEMD_UNIT": UNITS[record.role],
+                "SYSLOG_IDENTIFIER": UNITS[record.role].removesuffix(".service"), "_PID": str(PIDS[record.role]),
+                "PRIORITY": "6", "MESSAGE": sglang_line(record),
+            }
+            for key, value in fields.items():
+                handle.write(f"{key}={value}\n".encode())
+            handle.write(b"\n")
+    return path

@@ -1,0 +1,119 @@
+"""How one line of each supported log format splits into time, origin and message.
+
+Formats: ``plain`` (sglang's own log files, raw stderr, uvicorn lines), journalctl
+``short-iso`` (and ``short-iso-precise``), ``short-precise`` and ``json``. Everything
+works on bytes: decoding happens only for the few lines that become events.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import msgspec
+
+# [2025-07-01 12:00:00.123 DP1 PP0 TP3] message   (ms only with SGLANG_LOG_MS=1)
+SGLANG_PREFIX = re.compile(rb"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})?)((?: [A-Z_]+\d+)*)\] ?")
+# uvicorn default access line: INFO:     127.0.0.1:5678 - "GET /health HTTP/1.1" 200 OK
+UVICORN_ACCESS = re.compile(rb'(?:INFO|WARNING|ERROR|DEBUG):\s+(\S+) - "([A-Z]+) (\S+) HTTP/[\d.]+" (\d{3})')
+JOURNAL_ISO = re.compile(
+    rb"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) (\S+) ([^\s\[:]+)(?:\[(\d+)\])?: ?"
+)
+JOURNAL_PRECISE = re.compile(
+    rb"((?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?) (\S+) ([^\s\[:]+)(?:\[(\d+)\])?: ?"
+)
+JOURNAL_META = re.compile(rb"-- (?:Boot [0-9a-f]+ --|No entries --|Logs begin at|Journal begins at|Reboot --)")
+RANK_PART = re.compile(rb"([A-Z_]+?)(\d+)")
+
+FORMATS = ("plain", "short-iso", "short-precise", "json")
+MONTH_PREFIXES = tuple(
+    f"\n{m} ".encode() for m in ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+)
+
+
+@dataclass(slots=True)
+class SplitLine:
+    """One line taken apart. ``journal_ts`` is text (short formats) or epoch µs (json)."""
+
+    journal_ts: bytes | int | None
+    host: str | None
+    unit: str | None
+    message: bytes
+
+
+_json_decoder = msgspec.json.Decoder()
+
+
+def split_line(line: bytes, fmt: str) -> SplitLine | None:
+    """Split ``line`` in format ``fmt``; None when the line does not fit that format."""
+    if fmt == "plain":
+        return SplitLine(None, None, None, line)
+    if fmt == "json":
+        try:
+            entry = _json_decoder.decode(line)
+        except msgspec.DecodeError:
+            return None
+        if not isinstance(entry, dict):
+            return None
+        message = entry.get("MESSAGE")
+        if isinstance(message, list):  # journald exports non-UTF-8 messages as byte arrays
+            try:
+                message = bytes(message)
+            except (TypeError, ValueError):
+                message = b""
+        elif isinstance(message, str):
+            message = message.encode("utf-8", "surrogateescape")
+        else:
+            message = b""
+        ts = entry.get("__REALTIME_TIMESTAMP")
+        try:
+            ts = int(ts) if ts is not None else None
+        except (TypeError, ValueError):
+            ts = None
+        unit = entry.get("_SYSTEMD_UNIT") or entry.get("SYSLOG_IDENTIFIER") or entry.get("_COMM")
+        return SplitLine(ts, entry.get("_HOSTNAME"), unit, message)
+    regex = JOURNAL_ISO if fmt == "short-iso" else JOURNAL_PRECISE
+    found = regex.match(line)
+    if found is None:
+        return None
+    return SplitLine(
+        found.group(1), found.group(2).decode("utf-8", "replace"), found.group(3).decode("utf-8", "replace"),
+        line[found.end():],
+    )
+
+
+def sniff(head: bytes) -> str:
+    """Guess the format from the first lines of a source (majority of non-empty lines)."""
+    votes = dict.fromkeys(FORMATS, 0)
+    seen = 0
+    for line in head.split(b"\n")[:200]:
+        line = line.rstrip(b"\r")
+        if not line.strip() or JOURNAL_META.match(line):
+            continue
+        seen += 1
+        if line.startswith(b"{") and split_line(line, "json") is not None:
+            votes["json"] += 1
+        elif JOURNAL_ISO.match(line):
+            votes["short-iso"] += 1
+        elif JOURNAL_PRECISE.match(line):
+            votes["short-precise"] += 1
+        else:
+            votes["plain"] += 1
+    if seen == 0:
+        return "plain"
+    best = max(FORMATS, key=lambda f: votes[f])
+    return best if votes[best] * 2 >= seen or best == "plain" else "plain"
+
+
+def parse_ranks(ranks: bytes) -> tuple[int | None, int | None, int | None]:
+    """(dp, tp, pp) from an sglang prefix tail like b" DP1 PP0 TP3"."""
+    dp = tp = pp = None
+    for name, number in RANK_PART.findall(ranks):
+        value = int(number)
+        if name == b"DP":
+            dp = value
+        elif name == b"TP":
+            tp = value
+        elif name == b"PP":
+            pp = value
+    return dp, tp, pp

@@ -1,0 +1,549 @@
+"""Scan one source's chunks into events, batch rows, access counts and line counts.
+
+Speed comes from not visiting most lines in Python at all:
+
+* rare signature lines are found by ``bytes.find`` of each catalogue literal, and only
+  those lines (plus the traceback lines that follow a thread death) take the slow,
+  exact path through the catalogue;
+* batch lines are found by their literal and parsed by field layout (batchlines.py);
+* access lines are found by their literal and only counted per minute and path;
+* every other line is only counted, in bulk, by its prefix; if that count says some
+  lines fit no known format, that chunk is walked line by line to name them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from forensics.logs import batchlines, catalogue, timestamps
+from forensics.logs.lineformats import (
+    JOURNAL_ISO,
+    JOURNAL_META,
+    JOURNAL_PRECISE,
+    MONTH_PREFIXES,
+    SGLANG_PREFIX,
+    UVICORN_ACCESS,
+    parse_ranks,
+    split_line,
+)
+from forensics.logs.schema import RAW_LIMIT
+from forensics.logs.sources import Chunk, LogSource, Problem
+from forensics.logs.tracebacks import HEADER, Block, BlockTracker, line_kind
+
+TRACEBACK_LITERAL = b"Traceback (most recent call last):"
+BATCH_LITERAL = b" batch"
+ACCESS_LITERAL = b" HTTP/"
+UNKNOWN_SAMPLES = 20
+_JOURNAL_PREFIX = {"short-iso": JOURNAL_ISO.pattern, "short-precise": JOURNAL_PRECISE.pattern}
+_TS_KIND = {"short-iso": timestamps.ISO, "short-precise": timestamps.PRECISE, "json": timestamps.EPOCH_US}
+
+
+def _combined(fmt: str, tail: bytes) -> re.Pattern[bytes]:
+    """Journal prefix (when the format has one) + optional sglang prefix + ``tail``."""
+    prefix = _JOURNAL_PREFIX.get(fmt, b"")
+    return re.compile(prefix + b"(?:" + SGLANG_PREFIX.pattern + b")?" + tail)
+
+
+@dataclass
+class SourceResult:
+    source: LogSource
+    fmt: str
+    events: list[dict] = field(default_factory=list)
+    batches: list[pd.DataFrame] = field(default_factory=list)
+    access: Counter = field(default_factory=Counter)
+    access_minute_kind: str = timestamps.SGLANG
+    lines_total: int = 0
+    lines_unknown: int = 0
+    unknown_samples: list[tuple[int, str]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    hosts: Counter = field(default_factory=Counter)
+    units: Counter = field(default_factory=Counter)
+    saw_prefill_batch: bool = False
+    saw_decode_batch: bool = False
+    year: int | None = None  # the year short-precise times were read in
+
+
+def _text(value) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class SourceScanner:
+    def __init__(self, source: LogSource, fmt: str, tz: str = "UTC", year: int | None = None) -> None:
+        self.source = source
+        self.fmt = fmt
+        self.tz = tz
+        self.year = year
+        self.result = SourceResult(source=source, fmt=fmt, year=year)
+        self.line_base = 0  # lines before the current chunk
+        self.blocks = BlockTracker()
+        self.shapes: dict[tuple[bytes, bytes], batchlines.Shape | None] = {}
+        self.batch_re = _combined(fmt if fmt != "json" else "plain", batchlines.HEADER.pattern)
+        self.access_re = re.compile(_JOURNAL_PREFIX.get(fmt, b"") + UVICORN_ACCESS.pattern)
+        self.literals = catalogue.literals() + (TRACEBACK_LITERAL,)
+        self.last_time: tuple[str, object] | None = None  # (kind, value) of the last timed line
+        self.last_minute: bytes | None = None
+        self.pending_times: list[dict] = []  # events still waiting for a time from a later line
+        self.last_event: dict | None = None
+        self.last_event_line = -10
+        if fmt in ("short-iso", "short-precise", "json"):
+            self.result.access_minute_kind = _TS_KIND[fmt]
+
+    # ------------------------------------------------------------------ chunk
+    def feed(self, chunk: Chunk) -> None:
+        data = chunk.data
+        n_lines = data.count(b"\n")
+        if chunk.truncated_line:
+            self.result.problems.append(Problem(
+                self.source.label, self.line_base + 1,
+                f"line longer than {len(data) - 1} bytes; kept its first {len(data) - 1} bytes"))
+        consumed: set[int] = set()
+        slow_known = 0  # untimed lines the slow path recognised (traceback parts)
+        # 1. Rare lines: every catalogue literal, then the traceback lines that follow.
+        starts = set()
+        if self.blocks.active:
+            starts.add(0)
+        for literal in self.literals:
+            position = data.find(literal)
+            while position >= 0:
+                starts.add(data.rfind(b"\n", 0, position) + 1)
+                position = data.find(literal, data.find(b"\n", position) + 1)
+        line_no = self.line_base  # lines before last_position
+        last_position = 0
+        for start in sorted(starts):
+            if start < last_position:
+                continue  # already walked as part of a traceback
+            line_no += data.count(b"\n", last_position, start)
+            position = start
+            while position < len(data):
+                end = data.find(b"\n", position)
+                consumed.add(position)
+                if self._slow_line(data[position:end], line_no + 1, chunk.offset + position, data, position):
+                    slow_known += 1
+                line_no += 1
+                position = end + 1
+                for block in self.blocks.expire(line_no):
+                    self._emit_block(block)
+                if not self.blocks.active:
+                    break
+            last_position = position
+        # 2. Batch lines.
+        self._batch_lines(data, consumed)
+        # 3. Access lines.
+        access_count = self._access_lines(data, consumed)
+        # 4. Bulk counting of lines in a known format; walk the chunk only if some are not.
+        known = self._bulk_known(data)
+        if self.fmt == "plain":
+            known += slow_known + access_count
+        if known < n_lines:
+            self._walk_unknown(data, consumed)
+        for block in self.blocks.expire(self.line_base + n_lines):
+            self._emit_block(block)
+        self._remember_last_time(data)
+        self.line_base += n_lines
+        self.result.lines_total += n_lines
+
+    # ------------------------------------------------------------- slow path
+    def _split(self, line: bytes):
+        line = line.rstrip(b"\r")
+        split = split_line(line, self.fmt)
+        if split is None:
+            return None, line
+        return split, split.message
+
+    def _line_time(self, split, message: bytes) -> tuple[str, str | None, object]:
+        """(ts_source, kind, value) of a line from its own text."""
+        if split is not None and split.journal_ts is not None:
+            return "journal", _TS_KIND[self.fmt], split.journal_ts
+        prefix = SGLANG_PREFIX.match(message)
+        if prefix:
+            return "sglang", timestamps.SGLANG, prefix.group(1)
+        return "none", None, None
+
+    def _slow_line(self, line: bytes, line_no: int, offset: int, data: bytes, position: int) -> bool:
+        """Handle one rare line exactly. True when it is an untimed traceback line we recognised."""
+        split, message = self._split(line)
+        if split is not None and split.host:
+            self.result.hosts[split.host] += 1
+        if split is not None and split.unit:
+            self.result.units[split.unit] += 1
+        time = self._line_time(split, message)
+        prefix = SGLANG_PREFIX.match(message)
+        body = message[prefix.end():] if prefix else message
+        text = body.decode("utf-8", "replace").replace("\x00", "\ufffd")
+        if prefix is None:
+            kind = line_kind(text)
+            if kind == "header":
+                header = HEADER.match(text)
+                block = Block(thread=header.group("thread"), target=header.group("target"), first_line=line_no,
+                              first_offset=offset, first_ts=time,
+                              host=split.host if split is not None else None,
+                              unit=split.unit if split is not None else None)
+                if time[1] is None:
+                    self._infer_time_later(block, data, position)
+                self.blocks.start(block)
+                return True
+            if kind == "traceback" and not self.blocks.expects("traceback"):
+                # A logger.exception traceback: it belongs to the event logged just before it.
+                owner = self.last_event if line_no - self.last_event_line <= 3 else None
+                block = Block(thread=None, target=None, first_line=line_no, first_offset=offset,
+                              first_ts=time, owner=owner)
+                self.blocks.start(block)
+                return True
+            if kind in ("traceback", "file", "code", "exception", "chain", "blank") and (
+                    self.blocks.active or kind == "chain"):
+                taken, finished = self.blocks.offer(text, kind, line_no)
+                if taken:
+                    if kind == "exception":
+                        owner = finished if finished is not None else None
+                        self._final_exception_event(text, line, line_no, offset, split, owner)
+                    if finished is not None:
+                        self._emit_block(finished)
+                    return True
+        matched = catalogue.classify(text)
+        if matched is None or matched[0].id == "thread_death":
+            return False
+        signature, fields = matched
+        ranks = parse_ranks(prefix.group(2)) if prefix else (None, None, None)
+        event = self._event(signature, fields, text, line, line_no, offset, split, time, ranks)
+        if time[1] is None:
+            self._infer_time_later(event, data, position)
+        return False
+
+    def _final_exception_event(self, text, line, line_no, offset, split, block) -> None:
+        """The last line of a traceback can itself be a signature (the NIXL GUARD assertion)."""
+        matched = catalogue.classify(text)
+        if matched is None or matched[0].id == "thread_death":
+            return
+        signature, fields = matched
+        time = self._line_time(split, text.encode())
+        if time[1] is None and block is not None:
+            time = block.first_ts
+        event = self._event(signature, fields, text, line, line_no, offset, split, time, (None, None, None))
+        if block is not None and block.thread is not None:
+            event["thread"] = block.label
+
+    def _time_of_split(self, split):
+        if split is not None and split.journal_ts is not None:
+            return "journal", _TS_KIND[self.fmt], split.journal_ts
+        if self.last_time is not None:
+            return "inferred", self.last_time[0], self.last_time[1]
+        return "none", None, None
+
+    def _event(self, signature, fields, text, line, line_no, offset, split, time, ranks) -> dict:
+        ts_source, ts_kind, ts_value = time
+        rank_text = fields.get("rank")
+        room_text = fields.get("room")
+        thread = fields.get("thread")
+        if thread and fields.get("target"):
+            thread = f"{thread} ({fields['target']})"
+        event = {
+            "_ts_kind": ts_kind,
+            "_ts_value": ts_value,
+            "ts_source": ts_source if ts_kind else "none",
+            "host": (split.host if split is not None and split.host else None),
+            "unit": (split.unit if split is not None and split.unit else None),
+            "source": self.source.label,
+            "line": line_no,
+            "signature": signature.id,
+            "severity": signature.severity,
+            "step": signature.step,
+            "room": int(room_text) if room_text else None,
+            "rid": fields.get("rid"),
+            "rank": int(rank_text) if rank_text else ranks[1],
+            "dp_rank": ranks[0],
+            "pp_rank": ranks[2],
+            "thread": thread,
+            "message": text[:RAW_LIMIT],
+            "raw": line.decode("utf-8", "replace").replace("\x00", "\ufffd")[:RAW_LIMIT],
+            "offset": offset,
+        }
+        if ts_kind is None and self.last_time is not None:
+            event["_ts_kind"], event["_ts_value"] = self.last_time
+            event["ts_source"] = "inferred"
+        self.result.events.append(event)
+        self.last_event = event
+        self.last_event_line = line_no
+        return event
+
+    def _infer_time_later(self, item, data: bytes, position: int) -> None:
+        """Give an untimed line the time of the nearest earlier timed line, else of the next one."""
+        found = self._time_before(data, position)
+        if found is None and self.last_time is not None:
+            found = self.last_time
+        if found is None:
+            found = self._time_after(data, position)
+        if isinstance(item, Block):
+            item.upper = self._time_after(data, position)
+            if found is not None:
+                item.first_ts = ("inferred", found[0], found[1])
+            else:
+                item.first_ts = ("none", None, None)
+            return
+        if found is not None:
+            item["_ts_kind"], item["_ts_value"] = found
+            item["ts_source"] = "inferred"
+        after = self._time_after(data, position)
+        if after is not None:
+            item["_upper_kind"], item["_upper_value"] = after
+
+    def _time_before(self, data: bytes, position: int, max_lines: int = 200):
+        end = position - 1
+        for _ in range(max_lines):
+            if end <= 0:
+                return None
+            start = data.rfind(b"\n", 0, end) + 1
+            found = self._time_in(data[start:end])
+            if found is not None:
+                return found
+            end = start - 1
+        return None
+
+    def _time_after(self, data: bytes, position: int, max_lines: int = 200):
+        start = data.find(b"\n", position) + 1
+        for _ in range(max_lines):
+            if start <= 0 or start >= len(data):
+                return None
+            end = data.find(b"\n", start)
+            found = self._time_in(data[start:end])
+            if found is not None:
+                return found
+            start = end + 1
+        return None
+
+    def _time_in(self, line: bytes):
+        split, message = self._split(line)
+        source, kind, value = self._line_time(split, message)
+        return (kind, value) if kind else None
+
+    def _emit_block(self, block: Block) -> None:
+        raw = "\n".join(block.lines)
+        if block.thread is None:
+            # An exception logged by sglang itself: its traceback extends that event's raw text.
+            if block.owner is not None:
+                block.owner["raw"] = (block.owner["raw"] + "\n" + raw)[:RAW_LIMIT]
+            return
+        ts_source, ts_kind, ts_value = block.first_ts if isinstance(block.first_ts, tuple) else ("none", None, None)
+        event = {
+            "_ts_kind": ts_kind,
+            "_ts_value": ts_value,
+            "ts_source": ts_source if ts_kind else "none",
+            "source": self.source.label,
+            "line": block.first_line,
+            "host": block.host,
+            "unit": block.unit,
+            "signature": "thread_death",
+            "severity": "critical",
+            "step": "thread_death",
+            "room": None,
+            "rid": None,
+            "rank": None,
+            "dp_rank": None,
+            "pp_rank": None,
+            "thread": block.label,
+            "message": (block.final or "")[:RAW_LIMIT],
+            "raw": raw[:RAW_LIMIT],
+            "offset": block.first_offset,
+        }
+        if block.upper is not None:
+            event["_upper_kind"], event["_upper_value"] = block.upper
+        frames = block.frames()
+        if frames:
+            event["frame_file"], event["frame_line"], event["frame_function"] = frames[-1]
+        self.result.events.append(event)
+
+    # ------------------------------------------------------------ batch lines
+    def _batch_lines(self, data: bytes, consumed: set[int]) -> None:
+        rows: dict[batchlines.Shape, batchlines.ShapeRows] = {}
+        find = data.find
+        rfind = data.rfind
+        match = self.batch_re.match
+        translate_delete = b"0123456789.-"
+        shapes = self.shapes
+        is_json = self.fmt == "json"
+        is_plain = self.fmt == "plain"
+        position = find(BATCH_LITERAL)
+        while position >= 0:
+            start = rfind(b"\n", 0, position) + 1
+            end = find(b"\n", position)
+            position = find(BATCH_LITERAL, end)
+            if start in consumed:
+                continue
+            line = data[start:end]
+            journal_ts = None
+            if is_json:
+                split = split_line(line, "json")
+                if split is None:
+                    continue
+                line, journal_ts = split.message, split.journal_ts
+            found = match(line)
+            if found is None:
+                continue
+            groups = found.groups()
+            kind = groups[-2]
+            fields = line[found.end():]
+            key = (kind, fields.translate(None, translate_delete))
+            shape = shapes.get(key, False)
+            if shape is False:
+                shape = batchlines.learn_shape(kind, fields)
+                shapes[key] = shape
+            if shape is None:
+                continue
+            values = batchlines.values_of(fields)
+            if len(values) != len(shape.columns):
+                continue
+            bucket = rows.get(shape)
+            if bucket is None:
+                bucket = rows[shape] = batchlines.ShapeRows(shape)
+            bucket.values.append(values)
+            if is_json:
+                bucket.ts.append(journal_ts)
+                bucket.origins.append((split.host, split.unit))
+            elif is_plain:
+                bucket.ts.append(groups[0])
+            else:
+                bucket.ts.append(groups[0])
+                bucket.origins.append((groups[1], groups[2]))
+            bucket.ranks.append(groups[-3] or b"")
+            bucket.iters.append(groups[-1])
+            consumed.add(start)
+        for shape, bucket in rows.items():
+            self.result.batches.append(self._batch_frame(bucket))
+            if shape.kind == "prefill":
+                self.result.saw_prefill_batch = True
+            else:
+                self.result.saw_decode_batch = True
+
+    def _batch_frame(self, bucket: batchlines.ShapeRows) -> pd.DataFrame:
+        columns = batchlines.convert(bucket)
+        if self.fmt == "plain":
+            ts_kind, ts_source = timestamps.SGLANG, "sglang"
+        else:
+            ts_kind, ts_source = _TS_KIND[self.fmt], "journal"
+        frame = pd.DataFrame(columns)
+        frame.insert(0, "ts", timestamps.convert(ts_kind, bucket.ts, tz=self.tz, year=self.year))
+        frame.insert(1, "ts_source", ts_source)
+        frame.insert(2, "kind", bucket.shape.kind)
+        rank_cache: dict[bytes, tuple] = {}
+        ranks = [rank_cache.setdefault(r, parse_ranks(r)) for r in bucket.ranks]
+        ranks_array = np.array([[np.nan if v is None else v for v in r] for r in ranks], dtype=float) \
+            if ranks else np.empty((0, 3))
+        frame["dp_rank"] = ranks_array[:, 0]
+        frame["tp_rank"] = ranks_array[:, 1]
+        frame["pp_rank"] = ranks_array[:, 2]
+        frame["iter"] = [float(i) if i else np.nan for i in bucket.iters]
+        if bucket.origins:
+            names: dict = {}
+            hosts, units = zip(*(names.setdefault(o, tuple(_text(x) for x in o)) for o in bucket.origins))
+            frame["host"] = pd.Series(hosts, dtype="string")
+            frame["unit"] = pd.Series(units, dtype="string")
+        return frame
+
+    # ----------------------------------------------------------- access lines
+    def _access_lines(self, data: bytes, consumed: set[int]) -> int:
+        find = data.find
+        rfind = data.rfind
+        counts = self.result.access
+        is_plain = self.fmt == "plain"
+        is_json = self.fmt == "json"
+        match = self.access_re.match
+        counted = 0
+        position = find(ACCESS_LITERAL)
+        last_minute = self.last_minute
+        while position >= 0:
+            start = rfind(b"\n", 0, position) + 1
+            end = find(b"\n", position)
+            position = find(ACCESS_LITERAL, end)
+            line = data[start:end]
+            if is_json:
+                split = split_line(line, "json")
+                if split is None:
+                    continue
+                found = UVICORN_ACCESS.search(split.message)
+                if found is None:
+                    continue
+                minute = split.journal_ts // 60_000_000 * 60_000_000 if split.journal_ts else None
+                counts[(minute, split.host, split.unit, found.group(2), found.group(3), found.group(4))] += 1
+                counted += 1
+                continue
+            found = match(line)
+            if found is None:
+                continue
+            counted += 1
+            if is_plain:
+                # uvicorn prints no time: take the minute of the nearest earlier sglang line.
+                previous = rfind(b"\n[20", 0, start)
+                if previous >= 0:
+                    last_minute = data[previous + 2: previous + 18]
+                elif start == 0 or data.startswith(b"[20"):
+                    last_minute = data[1:17] if data.startswith(b"[20") else last_minute
+                minute = last_minute
+                method, path, status = found.group(2), found.group(3), found.group(4)
+                host = unit = None
+            else:
+                stamp = found.group(1)
+                if self.fmt == "short-iso":
+                    minute = stamp[:16] + stamp[19:].lstrip(b".,0123456789")
+                else:
+                    minute = stamp[:12] + b":00"
+                method, path, status = found.group(6), found.group(7), found.group(8)
+                host, unit = found.group(2), found.group(3)
+            counts[(minute, host, unit, method, path, status)] += 1
+        self.last_minute = last_minute
+        return counted
+
+    # --------------------------------------------------------------- counting
+    def _bulk_known(self, data: bytes) -> int:
+        """Lines whose start is in this source's format (prefix counts, in C)."""
+        head = b"\n" + data[:64]
+        blank = data.count(b"\n\n") + (1 if data.startswith(b"\n") else 0)
+        if self.fmt == "plain":
+            return data.count(b"\n[20") + (1 if data.startswith(b"[20") else 0) + blank
+        if self.fmt == "short-iso":
+            prefixed = data.count(b"\n1") + data.count(b"\n2") + (1 if head[1:2] in (b"1", b"2") else 0)
+        elif self.fmt == "short-precise":
+            prefixed = sum(data.count(p) for p in MONTH_PREFIXES) + (1 if any(head.startswith(p) for p in MONTH_PREFIXES) else 0)
+        else:
+            prefixed = data.count(b"\n{") + (1 if data.startswith(b"{") else 0)
+        meta = data.count(b"\n-- ") + (1 if data.startswith(b"-- ") else 0)
+        return prefixed + meta + blank
+
+    def _walk_unknown(self, data: bytes, consumed: set[int]) -> None:
+        """Name the lines of this chunk that fit no known format (slow, only when some exist)."""
+        position = 0
+        line_no = self.line_base
+        samples = self.result.unknown_samples
+        while position < len(data):
+            end = data.find(b"\n", position)
+            line_no += 1
+            line = data[position:end].rstrip(b"\r")
+            if position not in consumed and not self._known_line(line):
+                self.result.lines_unknown += 1
+                if len(samples) < UNKNOWN_SAMPLES:
+                    samples.append((line_no, line[:200].decode("utf-8", "replace").replace("\x00", "\ufffd")))
+            position = end + 1
+
+    def _known_line(self, line: bytes) -> bool:
+        if not line.strip():
+            return True
+        if self.fmt == "plain":
+            return bool(SGLANG_PREFIX.match(line) or UVICORN_ACCESS.match(line))
+        if JOURNAL_META.match(line):
+            return True
+        return split_line(line, self.fmt) is not None
+
+    def _remember_last_time(self, data: bytes) -> None:
+        found = self._time_before(data, len(data), max_lines=400)
+        if found is not None:
+            self.last_time = found
+
+    def finish(self) -> SourceResult:
+        for block in self.blocks.close_all():
+            self._emit_block(block)
+        return self.result

@@ -1,0 +1,109 @@
+"""Column schemas of the log Evidence frames, written down once.
+
+Notebooks, the diagnosis and the report read these frames by column name, so the
+names and dtypes here are a contract: change them only with the docs table in
+docs/logs.md.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+# One row per signature event (thread deaths, transfer failures, aborts, timeouts, ...).
+EVENT_COLUMNS: dict[str, str] = {
+    "ts": "datetime64[ns, UTC]",  # tz-aware; NaT when no time could be found or inferred
+    "ts_source": "string",  # journal | sglang | inferred | none
+    # When ts was inferred from the line before, the time of the next timed line: the true
+    # time lies in [ts, ts_upper]. NaT otherwise.
+    "ts_upper": "datetime64[ns, UTC]",
+    "host": "string",
+    "role": "string",  # prefill | decode | router | unknown
+    "unit": "string",  # systemd unit or syslog identifier when the source is a journal
+    "source": "string",  # file path (or journal file) the row came from
+    "line": "Int64",  # 1-based line number in that source (journal output line for journals)
+    "signature": "string",  # catalogue id
+    "severity": "string",  # critical | error | warning | info | debug
+    "step": "string",  # kill-chain step of the signature
+    "room": "Int64",  # bootstrap room when the line names one
+    "rid": "string",
+    "rank": "Int64",  # tp rank from the message (rank=N) or the sglang prefix
+    "dp_rank": "Int64",
+    "pp_rank": "Int64",
+    "thread": "string",  # thread name and target of a thread death, e.g. "Thread-3 (bootstrap_thread)"
+    "message": "string",  # the log message; for a thread death its final exception line
+    "raw": "string",  # the line(s) as written, truncated to RAW_LIMIT characters
+    "offset": "Int64",  # byte offset of the first line in the (decompressed) source
+}
+
+# One row per "Prefill batch" / "Decode batch" line.
+BATCH_ID_COLUMNS: dict[str, str] = {
+    "ts": "datetime64[ns, UTC]",
+    "ts_source": "string",
+    "host": "string",
+    "role": "string",
+    "source": "string",
+    "kind": "string",  # prefill | decode
+    "iter": "Int64",  # forward iteration when the line carries "[N]"
+    "dp_rank": "Int64",
+    "tp_rank": "Int64",
+    "pp_rank": "Int64",
+}
+# Numeric batch fields, by normalised name. Counts are nullable integers, ratios floats;
+# a field a release does not print is <NA>/NaN in its rows.
+BATCH_COUNT_FIELDS = (
+    "new_seq", "new_token", "cached_token", "running_req", "queue_req", "pending_token",
+    "bootstrap_req", "inflight_req", "optimistic_req", "replay_token", "waiting_image_req",
+    "token", "prealloc_req", "transfer_req", "retracted_req", "host_receive_req",
+)
+BATCH_FLOAT_FIELDS = (
+    "token_usage", "full_token_usage", "swa_token_usage", "mamba_usage", "pre_allocated_usage",
+    "accept_len", "accept_rate", "cap_len", "block_accept_len", "input_throughput",
+    "gen_throughput", "est_prefill_tflops", "est_decode_tflops", "est_read_bw", "est_write_bw",
+    "fwd_occupancy",
+)
+BATCH_BOOL_FIELDS = ("cuda_graph",)
+
+# High-volume uvicorn access lines are aggregated per minute instead of kept one by one.
+ACCESS_COLUMNS: dict[str, str] = {
+    "minute": "datetime64[ns, UTC]",
+    "host": "string",
+    "role": "string",
+    "source": "string",
+    "method": "string",
+    "path": "string",
+    "status": "Int64",
+    "count": "Int64",
+}
+
+RAW_LIMIT = 4000  # characters of raw text kept per event; the offset points at the rest
+
+
+def empty_frame(columns: dict[str, str]) -> pd.DataFrame:
+    return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in columns.items()})
+
+
+def conform(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """Return ``frame`` with exactly ``columns`` (missing ones added empty) in their dtypes.
+
+    Raises ValueError naming the column when a value cannot take its documented dtype,
+    so a schema drift is caught where the frame is built, not in a notebook later.
+    """
+    out = {}
+    for name, dtype in columns.items():
+        if name not in frame.columns:
+            out[name] = pd.Series(index=frame.index, dtype=dtype)
+            continue
+        series = frame[name]
+        try:
+            if dtype.startswith("datetime64"):
+                series = pd.to_datetime(series, utc=True).astype(dtype)
+            else:
+                series = series.astype(dtype)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"column {name!r} cannot be {dtype}: {exc}") from exc
+        out[name] = series
+    extra = [c for c in frame.columns if c not in columns]
+    result = pd.DataFrame(out, index=frame.index)
+    for name in extra:
+        result[name] = frame[name]
+    return result.reset_index(drop=True)

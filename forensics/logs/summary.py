@@ -1,0 +1,139 @@
+"""Key facts of a log scan, in words: what died, what triggered it, what it cost.
+
+Only reads the frames of a ``LogScan``; it never goes back to the sources.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+TRIGGERS = ("decode_transfer_aborted", "decode_handshake_aborted", "decode_transfer_timeout", "abort_sent",
+            "client_disconnected", "scheduler_abort_request")
+DEATHS = ("thread_death", "bootstrap_thread_died")
+TRIGGER_WINDOW = pd.Timedelta(minutes=10)
+
+
+@dataclass
+class Summary:
+    facts: dict = field(default_factory=dict)
+    sentences: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return "\n".join(f"- {s}" for s in self.sentences)
+
+    def to_dict(self) -> dict:
+        return {"facts": self.facts, "sentences": self.sentences}
+
+    def _repr_html_(self) -> str:
+        items = "".join(f"<li>{html.escape(s)}</li>" for s in self.sentences)
+        return f"<div><b>Log summary</b><ul>{items}</ul></div>"
+
+    def __rich__(self):
+        from rich.panel import Panel
+
+        return Panel("\n".join(f"• {s}" for s in self.sentences), title="Log summary", expand=False)
+
+
+def _when(ts) -> str:
+    return "at an unknown time" if pd.isna(ts) else f"at {ts.isoformat()}"
+
+
+def _where(row) -> str:
+    return f"{row['source']}:{row['line']}"
+
+
+def summarise(scan) -> Summary:
+    events = scan.events
+    batches = scan.batches
+    facts: dict = {}
+    sentences: list[str] = []
+    deaths = events[events["signature"].isin(DEATHS)]
+    if len(deaths):
+        first = deaths.iloc[0]
+        facts["first_thread_death"] = {
+            "ts": None if pd.isna(first["ts"]) else first["ts"].isoformat(), "thread": first["thread"],
+            "message": first["message"], "host": first["host"], "role": first["role"], "where": _where(first),
+            "ts_source": first["ts_source"], "count": int(len(deaths)),
+        }
+        sentences.append(
+            f"First thread death {_when(first['ts'])} ({first['ts_source']} time) on {first['host']} "
+            f"({first['role']}): {first['thread'] or 'a thread'} died with {first['message']!r} [{_where(first)}]."
+            + (f" {len(deaths)} thread deaths in all." if len(deaths) > 1 else "")
+        )
+        # An inferred time is only a lower bound; the death happened before ts_upper.
+        latest = first["ts_upper"] if not pd.isna(first["ts_upper"]) else first["ts"]
+        trigger = _trigger_before(events, latest)
+        if trigger is not None:
+            facts["trigger"] = {
+                "signature": trigger["signature"], "ts": trigger["ts"].isoformat(),
+                "room": None if pd.isna(trigger["room"]) else int(trigger["room"]),
+                "role": trigger["role"], "where": _where(trigger),
+            }
+            room = "" if pd.isna(trigger["room"]) else f" for room {int(trigger['room'])}"
+            sentences.append(
+                f"Likely trigger: {trigger['signature']}{room} on the {trigger['role']} {_when(trigger['ts'])}, "
+                f"just before the death [{_where(trigger)}]."
+            )
+        else:
+            sentences.append("No abort or timeout was logged before the death (trigger not in these logs; "
+                             "DEBUG logging shows the ABORT send).")
+    else:
+        facts["first_thread_death"] = None
+        sentences.append("No thread death found in these logs.")
+    affected = events[events["room"].notna() & events["step"].isin(["trigger", "stall", "fallout", "abort_sent"])]
+    rooms = sorted({int(r) for r in affected["room"]})
+    facts["rooms_affected"] = rooms
+    if rooms:
+        shown = ", ".join(str(r) for r in rooms[:10]) + (" ..." if len(rooms) > 10 else "")
+        sentences.append(f"{len(rooms)} bootstrap rooms appear in abort, stall or failure lines: {shown}.")
+    prefill = batches[batches["kind"] == "prefill"] if len(batches) else batches
+    if len(prefill):
+        real = prefill[~((prefill["new_seq"] == 1) & (prefill["new_token"] == 1))] if "new_seq" in prefill else prefill
+        if len(real):
+            last = real.iloc[-1]
+            facts["last_real_prefill_batch"] = last["ts"].isoformat() if not pd.isna(last["ts"]) else None
+            sentences.append(f"Last real prefill batch {_when(last['ts'])} on {last['host']}.")
+        probes_after = prefill[(prefill["new_seq"] == 1) & (prefill["new_token"] == 1)] if "new_seq" in prefill else prefill.iloc[:0]
+        if len(real) and len(probes_after):
+            probes_after = probes_after[probes_after["ts"] > real.iloc[-1]["ts"]]
+        if len(probes_after) and "bootstrap_req" in probes_after:
+            grow = probes_after["bootstrap_req"].dropna()
+            if len(grow):
+                sentences.append(
+                    f"After it only {len(probes_after)} one-token health-probe batches ran, with #bootstrap-req "
+                    f"going {int(grow.iloc[0])} -> {int(grow.iloc[-1])}: requests pile up in the bootstrap queue.")
+                facts["probe_batches_after"] = int(len(probes_after))
+    else:
+        facts["last_real_prefill_batch"] = None
+    if len(scan.access) and facts.get("first_thread_death") and facts["first_thread_death"]["ts"]:
+        death_ts = pd.Timestamp(facts["first_thread_death"]["ts"])
+        health = scan.access[(scan.access["path"].str.startswith("/health")) & (scan.access["minute"] >= death_ts.floor("min"))]
+        if len(health):
+            ok = int(health.loc[health["status"] == 200, "count"].sum())
+            facts["health_200_after_death"] = ok
+            sentences.append(f"/health answered 200 {ok} times from the minute of the death on: health checks did not see it.")
+    unknown = scan.lines_unknown
+    facts["lines_unknown"] = unknown
+    facts["problems"] = [str(p) for p in scan.problems]
+    if unknown:
+        sentences.append(f"{unknown} lines were in no known format (see problems).")
+    if scan.problems:
+        sentences.append(f"{len(scan.problems)} input problems: " + "; ".join(str(p) for p in scan.problems[:3])
+                         + (" ..." if len(scan.problems) > 3 else ""))
+    return Summary(facts=facts, sentences=sentences)
+
+
+def _trigger_before(events: pd.DataFrame, ts) -> pd.Series | None:
+    if pd.isna(ts):
+        return None
+    candidates = events[events["signature"].isin(TRIGGERS) & events["ts"].notna()]
+    candidates = candidates[(candidates["ts"] <= ts) & (candidates["ts"] >= ts - TRIGGER_WINDOW)]
+    if not len(candidates):
+        return None
+    # The abort lines with a room say most; prefer the latest one before the death.
+    with_room = candidates[candidates["room"].notna()]
+    pick = with_room if len(with_room) else candidates
+    return pick.iloc[-1]

@@ -1,0 +1,337 @@
+"""The public face of log forensics: scan sources into typed Evidence frames.
+
+``scan()`` reads every source once and returns a ``LogScan`` holding the events
+timeline, the batch history, per-minute access counts, line statistics and the
+problems met on the way. ``timeline()`` and ``batch_stats()`` are its two most used
+frames.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from forensics.logs import timestamps
+from forensics.logs.lineformats import sniff
+from forensics.logs.scanner import SourceResult, SourceScanner
+from forensics.logs.schema import (
+    ACCESS_COLUMNS,
+    BATCH_BOOL_FIELDS,
+    BATCH_COUNT_FIELDS,
+    BATCH_FLOAT_FIELDS,
+    BATCH_ID_COLUMNS,
+    EVENT_COLUMNS,
+    conform,
+    empty_frame,
+)
+from forensics.logs.sources import LogSource, Problem, SourceError, as_sources, open_stream, read_chunks
+
+ROLE_WORDS = ("prefill", "decode", "router")
+Progress = Callable[[str, int], None]  # (source label, bytes just read)
+
+
+@dataclass
+class LogScan:
+    events: pd.DataFrame
+    batches: pd.DataFrame
+    access: pd.DataFrame
+    sources: pd.DataFrame  # one row per source: format, role, lines, unknown lines, events, batch rows
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    unknown_samples: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+
+    @property
+    def lines_unknown(self) -> int:
+        return int(self.sources["lines_unknown"].sum()) if len(self.sources) else 0
+
+    def summary(self):
+        from forensics.logs.summary import summarise
+
+        return summarise(self)
+
+    def important(self, min_severity: str = "warning") -> pd.DataFrame:
+        order = ["critical", "error", "warning", "info", "debug"]
+        keep = order[: order.index(min_severity) + 1]
+        return self.events[self.events["severity"].isin(keep)]
+
+    def _repr_html_(self) -> str:
+        return self.summary()._repr_html_()
+
+    def __rich__(self):
+        return self.summary().__rich__()
+
+
+def _role_of(unit, fallback: str) -> str:
+    if isinstance(unit, str) and unit:
+        lowered = unit.lower()
+        for word in ROLE_WORDS:
+            if word in lowered:
+                return word
+    return fallback
+
+
+def _year_hint(source: LogSource, head: bytes) -> tuple[int | None, str | None]:
+    found = re.search(rb"\[(20\d\d)-\d\d-\d\d ", head)
+    if found:
+        return int(found.group(1)), f"{source.label}: short-precise journal lines carry no year; took {found.group(1).decode()} from the sglang prefixes"
+    try:
+        year = pd.Timestamp(os.stat(source.path).st_mtime, unit="s").year
+    except OSError:
+        return None, None
+    return year, f"{source.label}: short-precise journal lines carry no year; assumed {year} from the file's modification time"
+
+
+def _scan_one(source: LogSource, tz: str, year: int | None, progress: Progress | None,
+              problems: list[Problem], notes: list[str]) -> SourceResult | None:
+    try:
+        stream = open_stream(source)
+    except SourceError as exc:
+        problems.append(Problem(source.label, None, str(exc).split(": ", 1)[-1]))
+        return None
+    scanner = None
+    try:
+        for chunk in read_chunks(stream, source, problems):
+            if scanner is None:
+                fmt = source.fmt or ("json" if source.kind == "journal" else sniff(chunk.data[:65536]))
+                source_year = year
+                if fmt == "short-precise" and year is None:
+                    source_year, note = _year_hint(source, chunk.data[:1 << 20])
+                    if note:
+                        notes.append(note)
+                scanner = SourceScanner(source, fmt, tz=tz, year=source_year)
+            scanner.feed(chunk)
+            if progress is not None:
+                progress(source.label, len(chunk.data))
+    finally:
+        stream.close()
+        if source.kind == "journal" and getattr(stream, "returncode", 0):
+            problems.append(Problem(source.label, None, f"journalctl failed ({stream.returncode}): {stream.stderr}"))
+    if scanner is None:
+        problems.append(Problem(source.label, None, "empty: no lines to read"))
+        return SourceResult(source=source, fmt="unknown")
+    result = scanner.finish()
+    problems.extend(result.problems)
+    if result.lines_unknown:
+        first = result.unknown_samples[0] if result.unknown_samples else (None, "")
+        problems.append(Problem(source.label, first[0],
+                                f"{result.lines_unknown} of {result.lines_total} lines are in no known format "
+                                f"(first: {first[1][:80]!r})"))
+    return result
+
+
+def scan(sources: Iterable[str | os.PathLike | LogSource] | str | os.PathLike | LogSource, *,
+         since=None, until=None, tz: str = "UTC", role: str | None = None, host: str | None = None,
+         year: int | None = None, progress: Progress | None = None) -> LogScan:
+    """Read every source once; return events, batch history, access counts and problems.
+
+    ``tz`` says how to read times without a zone (sglang's prefix, journalctl
+    short-precise); journal timestamps win where present. ``since``/``until`` bound the
+    frames (anything pandas reads as a time; naive values are read in ``tz``).
+    """
+    if isinstance(sources, (str, os.PathLike, LogSource)):
+        sources = [sources]
+    expanded = as_sources(sources, role=role, host=host)
+    problems: list[Problem] = []
+    notes: list[str] = []
+    results = []
+    for source in expanded:
+        result = _scan_one(source, tz, year, progress, problems, notes)
+        if result is not None:
+            results.append(result)
+    return _assemble(results, problems, notes, since, until, tz)
+
+
+def _source_role(result: SourceResult) -> str:
+    guessed = result.source.guessed_role()
+    if guessed:
+        return guessed
+    if result.units:
+        unit_role = _role_of(result.units.most_common(1)[0][0], "")
+        if unit_role:
+            return unit_role
+    if result.saw_prefill_batch and not result.saw_decode_batch:
+        return "prefill"
+    if result.saw_decode_batch and not result.saw_prefill_batch:
+        return "decode"
+    return "unknown"
+
+
+def _assemble(results: list[SourceResult], problems, notes, since, until, tz) -> LogScan:
+    event_frames, batch_frames, access_frames, source_rows = [], [], [], []
+    samples = {}
+    for result in results:
+        role = _source_role(result)
+        explicit_role = result.source.role
+        default_host = result.source.host or (result.hosts.most_common(1)[0][0] if result.hosts else "local")
+        events = _events_frame(result, role, explicit_role, default_host, tz)
+        batches = _batch_frame(result, role, explicit_role, default_host)
+        access = _access_frame(result, role, explicit_role, default_host, tz)
+        event_frames.append(events)
+        batch_frames.append(batches)
+        access_frames.append(access)
+        samples[result.source.label] = result.unknown_samples
+        source_rows.append({
+            "source": result.source.label, "format": result.fmt, "role": role, "host": default_host,
+            "lines": result.lines_total, "lines_unknown": result.lines_unknown,
+            "events": len(events), "batch_rows": len(batches),
+            "access_lines": int(sum(result.access.values())),
+        })
+    events = _concat(event_frames, EVENT_COLUMNS)
+    batches = _concat(batch_frames, _batch_columns(batch_frames))
+    access = _concat(access_frames, ACCESS_COLUMNS)
+    events = _window(events, "ts", since, until, tz)
+    batches = _window(batches, "ts", since, until, tz)
+    access = _window(access, "minute", since, until, tz)
+    events = events.sort_values(["ts", "source", "line"], kind="stable", na_position="last").reset_index(drop=True)
+    batches = batches.sort_values(["ts"], kind="stable", na_position="last").reset_index(drop=True)
+    access = access.sort_values(["minute", "path"], kind="stable", na_position="last").reset_index(drop=True)
+    sources = pd.DataFrame(source_rows, columns=["source", "format", "role", "host", "lines", "lines_unknown",
+                                                 "events", "batch_rows", "access_lines"])
+    events.attrs["problems"] = [str(p) for p in problems]
+    return LogScan(events=events, batches=batches, access=access, sources=sources, problems=problems,
+                   notes=notes, unknown_samples=samples)
+
+
+def _concat(frames: list[pd.DataFrame], columns: dict[str, str]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return empty_frame(columns)
+    return conform(pd.concat(frames, ignore_index=True), columns)
+
+
+def _window(frame: pd.DataFrame, column: str, since, until, tz: str) -> pd.DataFrame:
+    if since is None and until is None:
+        return frame
+    mask = pd.Series(True, index=frame.index)
+    if since is not None:
+        mask &= frame[column] >= _as_utc(since, tz)
+    if until is not None:
+        mask &= frame[column] <= _as_utc(until, tz)
+    return frame[mask.fillna(False)].reset_index(drop=True)
+
+
+def _as_utc(value, tz: str) -> pd.Timestamp:
+    stamp = pd.Timestamp(value)
+    if stamp.tzinfo is None:
+        stamp = stamp.tz_localize(tz)
+    return stamp.tz_convert("UTC")
+
+
+def _events_frame(result: SourceResult, role, explicit_role, default_host, tz) -> pd.DataFrame:
+    if not result.events:
+        return empty_frame(EVENT_COLUMNS)
+    frame = pd.DataFrame(result.events)
+    stamps = pd.Series(pd.NaT, index=frame.index, dtype="datetime64[ns, UTC]")
+    for kind, rows in frame.groupby("_ts_kind", dropna=True).groups.items():
+        converted = timestamps.convert(kind, list(frame.loc[rows, "_ts_value"]), tz=tz, year=result.year)
+        stamps.loc[rows] = converted.astype("datetime64[ns, UTC]")
+    frame.insert(0, "ts", stamps)
+    upper = pd.Series(pd.NaT, index=frame.index, dtype="datetime64[ns, UTC]")
+    if "_upper_kind" in frame.columns:
+        for kind, rows in frame.groupby("_upper_kind", dropna=True).groups.items():
+            converted = timestamps.convert(kind, list(frame.loc[rows, "_upper_value"]), tz=tz, year=result.year)
+            upper.loc[rows] = converted.astype("datetime64[ns, UTC]")
+        frame = frame.drop(columns=["_upper_kind", "_upper_value"])
+    frame["ts_upper"] = upper
+    frame = frame.drop(columns=["_ts_kind", "_ts_value"])
+    frame["host"] = frame["host"].fillna(default_host)
+    frame["role"] = explicit_role or None
+    if not explicit_role:
+        frame["role"] = [_role_of(u, role) for u in frame["unit"]]
+    for extra in ("frame_file", "frame_line", "frame_function"):
+        if extra not in frame.columns:
+            frame[extra] = None
+    return frame
+
+
+def _batch_columns(frames: list[pd.DataFrame]) -> dict[str, str]:
+    columns = dict(BATCH_ID_COLUMNS)
+    present = set()
+    for frame in frames:
+        present.update(frame.columns)
+    for name in BATCH_COUNT_FIELDS:
+        columns[name] = "Int64"
+    for name in BATCH_FLOAT_FIELDS:
+        columns[name] = "float64"
+    for name in BATCH_BOOL_FIELDS:
+        columns[name] = "boolean"
+    columns["unit"] = "string"
+    for name in sorted(present - set(columns)):
+        columns[name] = "float64"  # a field a newer release prints that the schema does not list yet
+    return columns
+
+
+def _batch_frame(result: SourceResult, role, explicit_role, default_host) -> pd.DataFrame:
+    if not result.batches:
+        return pd.DataFrame()
+    frame = pd.concat(result.batches, ignore_index=True)
+    for name in BATCH_COUNT_FIELDS:
+        if name in frame.columns:
+            frame[name] = np.round(frame[name])
+    frame["source"] = result.source.label
+    if "host" not in frame.columns:
+        frame["host"] = default_host
+    frame["host"] = frame["host"].fillna(default_host)
+    if "unit" not in frame.columns:
+        frame["unit"] = None
+    if explicit_role:
+        frame["role"] = explicit_role
+    else:
+        units = frame["unit"].astype("object")
+        mapping = {u: _role_of(u, role) for u in units.dropna().unique()}
+        frame["role"] = units.map(mapping).fillna(role)
+    return frame
+
+
+def _access_frame(result: SourceResult, role, explicit_role, default_host, tz) -> pd.DataFrame:
+    if not result.access:
+        return empty_frame(ACCESS_COLUMNS)
+    keys = list(result.access.keys())
+    minutes, hosts, units, methods, paths, statuses = zip(*keys)
+    kind = result.access_minute_kind
+    if kind == timestamps.EPOCH_US:
+        stamps = pd.to_datetime([m if m is not None else np.nan for m in minutes], unit="us", utc=True)
+    else:
+        values = [m if m is not None else b"" for m in minutes]
+        stamps = timestamps.convert(kind, values, tz=tz) if values else pd.DatetimeIndex([], tz="UTC")
+    def text(values):
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in values]
+    unit_text = text(units)
+    frame = pd.DataFrame({
+        "minute": stamps,
+        "host": [h or default_host for h in text(hosts)],
+        "role": explicit_role or [_role_of(u, role) for u in unit_text],
+        "source": result.source.label,
+        "method": text(methods),
+        "path": text(paths),
+        "status": [int(s) for s in statuses],
+        "count": list(result.access.values()),
+        "unit": unit_text,
+    })
+    return frame
+
+
+def timeline(sources, since=None, until=None, **options) -> pd.DataFrame:
+    """The events of every source, merged by time (see ``schema.EVENT_COLUMNS``)."""
+    return scan(sources, since=since, until=until, **options).events
+
+
+def batch_stats(sources, since=None, until=None, **options) -> pd.DataFrame:
+    """One numeric row per "Prefill batch"/"Decode batch" line, merged by time."""
+    return scan(sources, since=since, until=until, **options).batches
+
+
+def summary(scan_or_sources, **options):
+    """Key facts in words: first thread death, its trigger, rooms affected, last real prefill batch."""
+    result = scan_or_sources if isinstance(scan_or_sources, LogScan) else scan(scan_or_sources, **options)
+    return result.summary()
+
+
+def source_paths(paths: Iterable[str]) -> list[Path]:
+    return [Path(p) for p in paths]
