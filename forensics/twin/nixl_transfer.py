@@ -24,6 +24,7 @@ import numpy as np
 from forensics.exitcodes import EnvironmentProblem
 
 DEFAULT_PAGE_BYTES = 4096
+AUX_ITEM_BYTES = 64  # one aux slot per request (sglang: metadata buffers)
 
 
 class NixlUnavailable(EnvironmentProblem):

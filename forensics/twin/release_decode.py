@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import zmq
 from packaging.version import Version
 
+from forensics.sandbox.host_memory import LAYERS
 from forensics.sandbox.shim import LoadedRelease
 from forensics.twin.nixl_transfer import PagePool
 
@@ -78,9 +79,12 @@ class ReleaseDecode:
         manager_class = self.conn.NixlKVManager
         mgr = manager_class.__new__(manager_class)
         decode_mode = release.module("sglang.srt.disaggregation.utils").DisaggregationMode.DECODE
+        # One region per layer's K and V, as the prefill's model has (the sandbox's host KV
+        # geometry); every region is the same page pool, so page i is the same bytes in all.
+        regions = 2 * LAYERS
         kv_args = SimpleNamespace(
-            kv_data_ptrs=[pool.base_ptr], kv_data_lens=[pool.nbytes], kv_item_lens=[pool.page_bytes],
-            kv_data_mem_kinds=["DRAM"], aux_data_ptrs=[aux.base_ptr], aux_data_lens=[aux.nbytes],
+            kv_data_ptrs=[pool.base_ptr] * regions, kv_data_lens=[pool.nbytes] * regions,
+            kv_item_lens=[pool.page_bytes] * regions, kv_data_mem_kinds=["DRAM"] * regions, aux_data_ptrs=[aux.base_ptr], aux_data_lens=[aux.nbytes],
             aux_item_lens=[aux.page_bytes], state_data_ptrs=[], state_data_lens=[], state_item_lens=[],
             state_dim_per_tensor=[], state_type="none", gpu_id=0, engine_rank=0, decode_tp_size=1,
             prefill_start_layer=0, page_size=1, ib_device=None, system_dp_rank=0,

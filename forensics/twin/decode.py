@@ -1,0 +1,450 @@
+"""The twin's decode server: the release's own KV receiver per request, synthetic tokens after.
+
+One process (title ``sglang::scheduler``): ``/generate`` and the OpenAI endpoints, each
+request walking sglang's decode queues:
+
+* prealloc: the prefill rank is looked up on the prefill's bootstrap server (``GET
+  /route``); on first contact the release's ``_register_kv_args`` sends the KV-args
+  registration frame (with this process's real NIXL agent metadata and page-pool
+  pointer); pages are allocated and the release's ``send_metadata`` sends the
+  transfer-info frame;
+* transfer: the release's ``poll`` (waiting timeout, NIXL notification parsing) until
+  the KV pages arrive, which are then compared with what the prefill must have sent;
+* running: one synthetic token per decode iteration, ``Decode batch`` lines every
+  ``decode_log_interval`` iterations (when the gauges move too).
+
+An AbortReq (the client went away; for a stream it reaches the scheduler
+``abort_delay_s`` later, as sglang's ``create_abort_task``) calls the release's
+``abort()`` for a request still in prealloc or transfer, which decides itself
+whether to send ABORT; a request already streaming tokens just stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import aiohttp
+import numpy as np
+import zmq
+from aiohttp import web
+
+from forensics.twin import httpserver, wire
+from forensics.twin import nixl_transfer as nx
+from forensics.twin.logformat import decode_batch_line
+from forensics.twin.metrics import TwinMetrics
+from forensics.twin.release_decode import ReleaseDecode
+from forensics.twin.settings import TwinSettings
+
+log = logging.getLogger("sglang.srt.managers.scheduler")
+decode_log = logging.getLogger("sglang.srt.disaggregation.decode")
+TRANSFER_POLL_S = 0.005
+
+
+@dataclass
+class DecodeRequest:
+    req: wire.GenerationRequest
+    events: asyncio.Queue
+    receiver: object | None = None
+    stage: str = "prealloc"  # prealloc -> transfer -> running -> done
+    initialized: bool = False
+    pages: np.ndarray | None = None
+    aux_index: int | None = None
+    kv_bytes: int = 0
+    generated: int = 0
+    entered: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    meta: dict = field(default_factory=dict)
+
+
+class DecodeScheduler:
+    def __init__(self, settings: TwinSettings, release_decode: ReleaseDecode, metrics: TwinMetrics,
+                 version: str) -> None:
+        self.settings = settings
+        self.rd = release_decode
+        self.KVPoll = release_decode.KVPoll
+        self.metrics = metrics
+        self.version = version
+        self.prealloc_queue: list[DecodeRequest] = []
+        self.transfer_queue: list[DecodeRequest] = []
+        self.running: list[DecodeRequest] = []
+        self.aborts: set[str] = set()
+        self.bootstrap_info: dict[str, dict] = {}
+        self.lookups: dict[str, asyncio.Task] = {}
+        self.wakeup = asyncio.Event()
+        self.iteration = 0
+        self.last_decode = time.monotonic()
+        self.tokens_since_log = 0
+        self.last_log_time = time.monotonic()
+        self.aux_free = list(range(release_decode.aux.num_pages))
+        self.counters = {"kv_intact": 0, "kv_mismatch": 0, "transfer_failed": 0, "handshake_failed": 0,
+                         "aborts_sent_by_release": 0, "aborted": 0, "finished": 0}
+
+    def submit(self, req: wire.GenerationRequest) -> DecodeRequest:
+        item = DecodeRequest(req=req, events=asyncio.Queue())
+        self.metrics.num_requests.inc()
+        self.metrics.prompt_tokens.inc(req.prompt_tokens)
+        if req.is_health_probe:
+            item.stage = "running"  # FakeKVReceiver: no bootstrap, no KV
+            self.running.append(item)
+        else:
+            item.receiver = self.rd.receiver(req.bootstrap_addr, req.bootstrap_room)
+            self.prealloc_queue.append(item)
+        self.wakeup.set()
+        return item
+
+    def abort(self, rid: str) -> None:
+        self.aborts.add(rid)
+        self.wakeup.set()
+
+    # ------------------------------------------------------------------- loop
+
+    async def run(self) -> None:
+        while True:
+            self._apply_aborts()
+            await self._poll_prealloc()
+            self._poll_transfer()
+            now = time.monotonic()
+            interval = 1.0 / self.settings.decode_rate_tps
+            if self.running and now - self.last_decode >= interval:
+                self._decode_iteration()
+                self.last_decode = now
+            if self.running:
+                wait = max(0.0, min(interval - (time.monotonic() - self.last_decode), TRANSFER_POLL_S
+                                    if (self.transfer_queue or self.prealloc_queue) else interval))
+            elif self.transfer_queue or self.prealloc_queue:
+                wait = TRANSFER_POLL_S
+            else:
+                wait = None
+            self.wakeup.clear()
+            try:
+                await asyncio.wait_for(self.wakeup.wait(), timeout=wait)
+            except TimeoutError:
+                pass
+
+    def _apply_aborts(self) -> None:
+        if not self.aborts:
+            return
+        aborts, self.aborts = self.aborts, set()
+
+        def matches(item: DecodeRequest) -> bool:
+            return any(item.req.rid.startswith(rid) for rid in aborts)
+
+        for queue_name, queue in (("prealloc", self.prealloc_queue), ("transfer", self.transfer_queue)):
+            for item in queue:
+                if matches(item):
+                    decode_log.debug(f"Abort {queue_name} queue request. decode_req.req.rid={item.req.rid!r}")
+                    before = item.receiver.abort_notified if hasattr(item.receiver, "abort_notified") else None
+                    item.receiver.abort()  # the release decides whether (and what) to send
+                    if before is False and getattr(item.receiver, "abort_notified", False):
+                        self.counters["aborts_sent_by_release"] += 1
+        for item in list(self.running):
+            if matches(item):
+                decode_log.debug(f"Abort running request. req.rid={item.req.rid!r}")
+                self.running.remove(item)
+                self._finish(item, error="aborted")
+
+    async def _poll_prealloc(self) -> None:
+        keep = []
+        for item in self.prealloc_queue:
+            recv = item.receiver
+            state = recv.poll() if item.initialized else self._state(item)
+            if state == self.KVPoll.Failed:
+                decode_log.error(
+                    f"Decode handshake failed for request rank=0 decode_req.req.rid={item.req.rid!r} "
+                    f"decode_req.req.bootstrap_room={item.req.bootstrap_room} with exception "
+                    f"{self.rd.failure_text(recv)}"
+                )
+                self.metrics.bootstrap_failed.inc()
+                self.counters["handshake_failed"] += 1
+                self._release(item)
+                self._finish(item, error="handshake failed")
+                continue
+            if not item.initialized:
+                info = self._lookup(item.req.bootstrap_addr)
+                if info is None:
+                    keep.append(item)
+                    continue
+                self.rd.init(recv, info)  # registration frame on first contact (release code)
+                item.initialized = True
+            item.kv_bytes = item.req.prompt_tokens * self.settings.bytes_per_token
+            pages = self.rd.pool.allocate(nx.pages_for(item.kv_bytes, self.rd.pool.page_bytes))
+            if pages is None or not self.aux_free:
+                keep.append(item)  # no room in the KV pool yet: stays in prealloc, as sglang
+                continue
+            item.pages, item.aux_index = pages, self.aux_free.pop()
+            recv.send_metadata(pages, item.aux_index)  # the transfer-info frame (release code)
+            item.stage = "transfer"
+            self.transfer_queue.append(item)
+            self.metrics.observe_stage("decode_prepare", time.monotonic() - item.entered)
+        self.prealloc_queue = keep
+
+    def _state(self, item: DecodeRequest) -> int:
+        return int(self.rd.manager.request_status.get(item.req.bootstrap_room, self.KVPoll.Failed)
+                   if item.receiver.conclude_state is None else item.receiver.conclude_state)
+
+    def _lookup(self, addr: str) -> dict | None:
+        """The prefill rank behind ``addr``, fetched once from its bootstrap server (async)."""
+        if addr in self.bootstrap_info:
+            return self.bootstrap_info[addr]
+        task = self.lookups.get(addr)
+        if task is None or (task.done() and task.exception() is not None):
+            self.lookups[addr] = asyncio.get_running_loop().create_task(self._fetch_route(addr))
+            return None
+        if task.done():
+            self.bootstrap_info[addr] = task.result()
+            return self.bootstrap_info[addr]
+        return None
+
+    async def _fetch_route(self, addr: str) -> dict:
+        url = f"http://{addr}/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0"
+        for _attempt in range(15):  # decode.py: 15 tries, 1 s apart
+            try:
+                async with aiohttp.ClientSession() as session, session.get(url, timeout=5) as response:
+                    if response.status == 200:
+                        return await response.json()
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            await asyncio.sleep(1.0)
+            self.wakeup.set()
+        decode_log.error(f"Could not fetch prefill parallel info from {addr} after 15 attempts")
+        raise RuntimeError(f"no prefill at {addr}")
+
+    def _poll_transfer(self) -> None:
+        keep = []
+        for item in self.transfer_queue:
+            state = item.receiver.poll()  # release code: timeout, notifications, done check
+            if state == self.KVPoll.Success:
+                got = self.rd.pool.read(item.pages, item.kv_bytes)
+                intact = bool(np.array_equal(got, nx.kv_payload(item.req.bootstrap_room, item.kv_bytes)))
+                self.counters["kv_intact" if intact else "kv_mismatch"] += 1
+                item.meta.update(kv_bytes=item.kv_bytes, kv_intact=intact, bootstrap_room=item.req.bootstrap_room)
+                self._release(item)
+                item.stage = "running"
+                self.running.append(item)
+                self.metrics.observe_stage("decode_transferred", time.monotonic() - item.entered)
+            elif state == self.KVPoll.Failed:
+                decode_log.error(
+                    f"Decode transfer failed for request rank=0 decode_req.req.rid={item.req.rid!r} "
+                    f"decode_req.req.bootstrap_room={item.req.bootstrap_room} with exception "
+                    f"{self.rd.failure_text(item.receiver)}"
+                )
+                self.metrics.transfer_failed.inc()
+                self.counters["transfer_failed"] += 1
+                self._release(item)
+                self._finish(item, error="transfer failed")
+            else:
+                keep.append(item)
+        self.transfer_queue = keep
+
+    def _release(self, item: DecodeRequest) -> None:
+        if item.pages is not None:
+            self.rd.pool.clear(item.pages)
+            self.rd.pool.release(item.pages)
+            item.pages = None
+        if item.aux_index is not None:
+            self.aux_free.append(item.aux_index)
+            item.aux_index = None
+        if item.receiver is not None:
+            try:
+                item.receiver.clear()
+            except Exception:  # clear() details differ per release; the room is done either way
+                pass
+
+    def _decode_iteration(self) -> None:
+        self.iteration += 1
+        finished = []
+        for item in self.running:
+            if item.first_token_at is None:
+                item.first_token_at = time.monotonic()
+                self.metrics.ttft.observe(item.first_token_at - item.entered)
+            item.events.put_nowait(("token", item.generated))
+            item.generated += 1
+            self.tokens_since_log += 1
+            if item.generated >= item.req.max_new_tokens:
+                finished.append(item)
+        for item in finished:
+            self.running.remove(item)
+            self._finish(item)
+        if self.iteration % self.settings.decode_log_interval == 0:
+            now = time.monotonic()
+            throughput = self.tokens_since_log / max(now - self.last_log_time, 1e-6)
+            self.tokens_since_log, self.last_log_time = 0, now
+            used = self.rd.pool.num_pages - self.rd.pool.free_pages
+            log.info(decode_batch_line(
+                self.version, running_req=len(self.running), num_tokens=used,
+                token_usage=used / self.rd.pool.num_pages, preallocated_usage=used / self.rd.pool.num_pages,
+                prealloc_req=len(self.prealloc_queue), transfer_req=len(self.transfer_queue),
+                gen_throughput=throughput,
+            ))
+            self.metrics.num_running_reqs.set(len(self.running))
+            self.metrics.decode_prealloc_queue.set(len(self.prealloc_queue))
+            self.metrics.decode_transfer_queue.set(len(self.transfer_queue))
+            self.metrics.gen_throughput.set(throughput)
+
+    def _finish(self, item: DecodeRequest, *, error: str | None = None) -> None:
+        item.stage = "done"
+        if error:
+            item.events.put_nowait(("error", error))
+            return
+        self.counters["finished"] += 1
+        self.metrics.generation_tokens.inc(item.generated)
+        self.metrics.e2e_latency.observe(time.monotonic() - item.entered)
+        item.events.put_nowait(("done", item.meta))
+
+
+class DecodeServer:
+    def __init__(self, settings: TwinSettings, version: str) -> None:
+        from forensics.sandbox.shim import load_release
+
+        self.settings = settings
+        self.version = version
+        self.release = load_release(settings.sglang_root, version=version)
+        self.agent = nx.make_agent(str(uuid.uuid4()), num_threads=0)
+        self.pool = nx.PagePool(self.agent, settings.pool_pages, settings.page_bytes)
+        self.aux = nx.PagePool(self.agent, 4096, nx.AUX_ITEM_BYTES)
+        self.zmq = zmq.Context()
+        self.pull = self.zmq.socket(zmq.PULL)  # the decode's rank_port (nothing reads it up to 0.5.18)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        rank_port = self.pull.bind_to_random_port(f"tcp://{settings.host}")
+        self.rd = ReleaseDecode(self.release, agent=self.agent, pool=self.pool, aux=self.aux,
+                                local_ip=settings.host, rank_port=rank_port,
+                                waiting_timeout=settings.waiting_timeout_s, backend=settings.backend)
+        self.metrics = TwinMetrics(version, "decode")
+        self.scheduler = DecodeScheduler(settings, self.rd, self.metrics, version)
+        self.started = time.time()
+        app = web.Application(middlewares=[httpserver.metrics_middleware(self.metrics)])
+        for endpoint in wire.ENDPOINTS:
+            app.router.add_post(endpoint, self.generate)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/health_generate", self.health)
+        app.router.add_get("/metrics", httpserver.metrics_handler(self.metrics))
+        app.router.add_get("/server_info", self.server_info)
+        app.router.add_get("/get_server_info", self.server_info)
+        app.router.add_post("/abort_request", self.abort_request)
+        app.router.add_get("/ping", self.ping)
+        self.app = app
+
+    async def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self.scheduler.run())
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            req = wire.parse(request.path, await request.json())
+        except (wire.BadRequest, json.JSONDecodeError) as exc:
+            return web.json_response({"error": {"message": str(exc)}}, status=400)
+        if req.bootstrap_room is None or req.bootstrap_host is None or req.bootstrap_port is None:
+            return web.json_response(
+                {"error": {"message": "PD decode needs bootstrap_host, bootstrap_port and bootstrap_room"}},
+                status=400)
+        item = self.scheduler.submit(req)
+        if not req.stream:
+            try:
+                text, outcome = await self._collect(item)
+            except asyncio.CancelledError:
+                self._abort_later(req.rid, 0.0)
+                raise
+            if outcome[0] == "error":
+                return web.json_response({"error": {"message": outcome[1]}}, status=500)
+            return web.json_response(wire.final_response(req, text, outcome[1]))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        text = ""
+        try:
+            while True:
+                kind, value = await item.events.get()
+                if kind == "token":
+                    text += wire.token_text(value)
+                    await response.write(wire.sse(wire.stream_chunk(req, value, text)))
+                elif kind == "done":
+                    await response.write(wire.sse(wire.final_chunk(req, text, value)))
+                    await response.write(wire.sse("[DONE]"))
+                    break
+                else:
+                    await response.write(wire.sse({"error": {"message": value}}))
+                    break
+        except (asyncio.CancelledError, ConnectionResetError):
+            if item.stage != "done":
+                self._abort_later(req.rid, self.settings.abort_delay_s)
+            raise
+        return response
+
+    async def _collect(self, item: DecodeRequest) -> tuple[str, tuple[str, object]]:
+        text = ""
+        while True:
+            kind, value = await item.events.get()
+            if kind == "token":
+                text += wire.token_text(value)
+            else:
+                return text, (kind, value)
+
+    def _abort_later(self, rid: str, delay: float) -> None:
+        async def abort() -> None:
+            await asyncio.sleep(delay)  # sglang's create_abort_task: asyncio.sleep(2) for streams
+            self.metrics.num_aborted.inc()
+            self.scheduler.abort(rid)
+
+        asyncio.get_running_loop().create_task(abort())
+
+    async def health(self, request: web.Request) -> web.Response:
+        probe = wire.GenerationRequest(endpoint="/generate", rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+                                       prompt_tokens=1, max_new_tokens=1, stream=False,
+                                       bootstrap_host=wire.FAKE_BOOTSTRAP_HOST, bootstrap_port=None,
+                                       bootstrap_room=0)
+        item = self.scheduler.submit(probe)
+        try:
+            await asyncio.wait_for(self._collect(item), timeout=self.settings.health_timeout_s)
+        except TimeoutError:
+            log.error("Health check failed. Server couldn't get a response from detokenizer for last "
+                      f"{self.settings.health_timeout_s:.0f} seconds.")
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def ping(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.metrics.num_aborted.inc()
+        self.scheduler.abort(str(body.get("rid", "")))
+        return web.Response(status=200)
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        sched = self.scheduler
+        return web.json_response({
+            "version": self.version,
+            "disaggregation_mode": "decode",
+            "disaggregation_transfer_backend": self.settings.backend,
+            "sglang_root": self.settings.sglang_root,
+            "internal_states": [{
+                "last_gen_throughput": 0.0,
+                "twin": {
+                    "prealloc_queue": len(sched.prealloc_queue),
+                    "transfer_queue": len(sched.transfer_queue),
+                    "running": len(sched.running),
+                    "counters": dict(sched.counters),
+                    "free_pages": self.pool.free_pages,
+                    "waiting_timeout_s": self.settings.waiting_timeout_s,
+                    "release_sends_abort": self.rd.sends_abort,
+                    "uptime_s": round(time.time() - self.started, 3),
+                },
+            }],
+        })
+
+    def stop(self) -> None:
+        self.rd.close()
+        self.pull.close(linger=0)
+
+
+def main() -> None:
+    inv, settings = httpserver.process_setup("decode", "sglang::scheduler")
+    server = DecodeServer(settings, inv.sglang or settings.sglang)
+    httpserver.serve(server.app, settings.host, settings.decode_port, on_start=server.start, on_stop=server.stop)
+
+
+if __name__ == "__main__":
+    main()

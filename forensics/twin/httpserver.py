@@ -1,0 +1,122 @@
+"""What the twin's three servers share: process set-up, the aiohttp runner, stop on SIGTERM.
+
+Each server runs as ``python -m forensics.twin.<role> --inventory FILE``; the launcher
+sends its stdout and stderr to ``<role>.log`` in the twin's directory. A SIGTERM stops
+the event loop and the process leaves with ``os._exit`` so that a non-daemon thread
+blocked in ``recv`` (sglang's bootstrap thread is one) cannot keep it alive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from forensics.twin import inventory as inventory_mod
+from forensics.twin import logformat
+from forensics.twin.metrics import TwinMetrics
+from forensics.twin.settings import TwinSettings
+
+log = logging.getLogger("sglang.srt.entrypoints.http_server")
+
+
+def process_setup(role: str, title: str) -> tuple[inventory_mod.Inventory, TwinSettings]:
+    parser = argparse.ArgumentParser(prog=f"forensics.twin.{role}")
+    parser.add_argument("--inventory", required=True)
+    args = parser.parse_args()
+    inv = inventory_mod.load(args.inventory)
+    settings = TwinSettings.from_dict(inv.twin)
+    try:
+        from setproctitle import setproctitle
+
+        setproctitle(title)
+    except ImportError:  # pragma: no cover - the twin extra installs it
+        pass
+    logformat.configure(level=settings.log_level)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    return inv, settings
+
+
+def metrics_middleware(metrics: TwinMetrics):
+    """sglang's HTTP middleware metrics (0.5.10+): requests, responses, active."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if metrics.http_requests is None or request.path == "/metrics":
+            return await handler(request)
+        labels = {"endpoint": request.path, "method": request.method}
+        metrics.http_requests.labels(**labels).inc()
+        active = metrics.http_active.labels(**labels)
+        active.inc()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            active.dec()  # as sglang: when the handler returns, not when a stream ends
+            metrics.http_responses.labels(status_code=str(status), **labels).inc()
+
+    return middleware
+
+
+def metrics_handler(metrics: TwinMetrics):
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.exposition(), content_type="text/plain", charset="utf-8")
+
+    return handle
+
+
+def serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    on_start: Callable[[], Awaitable[None]] | None = None,
+    on_stop: Callable[[], None] | None = None,
+) -> None:
+    """Run ``app`` until SIGTERM/SIGINT, then ``on_stop`` and leave at once."""
+
+    async def main() -> None:
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, reuse_address=True, backlog=2048)
+        await site.start()
+        if on_start is not None:
+            await on_start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        log.info(f"The server is fired up and ready to roll! (port {port})")
+        await stop.wait()
+
+    started = time.time()
+    try:
+        asyncio.run(main())
+    except Exception as exc:
+        logging.getLogger(__name__).exception(f"twin server failed after {time.time() - started:.1f}s: {exc}")
+        _leave(on_stop, 1)
+    _leave(on_stop, 0)
+
+
+def _leave(on_stop: Callable[[], None] | None, status: int) -> None:
+    if on_stop is not None:
+        try:
+            on_stop()
+        except Exception:  # leaving anyway; the log shows why teardown failed
+            logging.getLogger(__name__).exception("teardown failed")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

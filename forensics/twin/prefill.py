@@ -1,0 +1,491 @@
+"""The twin's prefill server: the release's real bootstrap loop behind an sglang-like scheduler.
+
+In one process (title ``sglang::scheduler``, stderr captured to ``prefill.log``):
+
+* the release's own NIXL prefill KV manager and ``bootstrap_thread`` on a real ZMQ PULL
+  socket, through the engine sandbox (:class:`forensics.sandbox.prefill.PrefillLoop`),
+  from the twin's own copy of the release's files;
+* a bootstrap HTTP server like sglang's (``/route`` PUT/GET, ``/health`` always ``OK``)
+  on its own port, where the prefill rank registers its PULL endpoint;
+* a scheduler loop moving requests through the bootstrap queue (rooms created by the
+  release's own sender class, bootstrapped only by the real loop), a prefill "forward"
+  that takes ``tokens / prefill_rate`` seconds, and the inflight queue, where a real NIXL
+  agent (the one the real loop gave the decode's metadata) WRITEs the room's KV pages into
+  the decode's registered pool and notifies with sglang's tags;
+* ``/generate`` and the OpenAI endpoints (what the router sends), ``/health`` and
+  ``/health_generate`` with sglang's PD semantics (a fake-bootstrap 1-token batch),
+  ``/metrics``, ``/server_info``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+from aiohttp import web
+
+from forensics.twin import httpserver, wire
+from forensics.twin import nixl_transfer as nx
+from forensics.twin.logformat import prefill_batch_line
+from forensics.twin.metrics import TwinMetrics
+from forensics.twin.settings import TwinSettings
+
+log = logging.getLogger("sglang.srt.managers.scheduler")
+prefill_log = logging.getLogger("sglang.srt.disaggregation.prefill")
+IDLE_METRICS_INTERVAL_S = 30.0
+TRANSFER_WORKERS = 4  # SGLANG_DISAGGREGATION_QUEUE_SIZE
+AUX_BYTES = 8
+
+
+@dataclass
+class PrefillRequest:
+    req: wire.GenerationRequest
+    done: asyncio.Future
+    entered: float = field(default_factory=time.monotonic)
+    bootstrapped_at: float | None = None
+    aborted: bool = False
+    transfer: asyncio.Future | None = None
+
+
+class BootstrapServer:
+    """The prefill's bootstrap HTTP server, with the routes of sglang's ``CommonKVBootstrapServer``."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[tuple[int, int, int, int], dict] = {}
+        self.info: dict = {}
+        self.app = web.Application()
+        self.app.router.add_route("*", "/route", self.route)
+        self.app.router.add_post("/register_dp_rank", self.ok)
+        self.app.router.add_post("/query_dp_ranks", self.query_dp_ranks)
+        self.app.router.add_get("/health", self.health)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="OK", status=200)  # always, as sglang's: it never looks at the loop
+
+    async def ok(self, request: web.Request) -> web.Response:
+        return web.Response(text="OK", status=200)
+
+    async def query_dp_ranks(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({str(room): 0 for room in body.get("bootstrap_rooms", [])})
+
+    def register(self, data: dict) -> None:
+        key = (data["attn_dp_rank"], data["attn_cp_rank"], data["attn_tp_rank"], data["pp_rank"])
+        self.ranks[key] = {"rank_ip": data["rank_ip"], "rank_port": int(data["rank_port"])}
+        self.info = {
+            "attn_tp_size": data["attn_tp_size"], "attn_cp_size": data["attn_cp_size"],
+            "dp_size": data["attn_dp_size"], "pp_size": data["pp_size"], "page_size": data["page_size"],
+            "kv_cache_dtype": data["kv_cache_dtype"], "follow_bootstrap_room": True,
+        }
+
+    async def route(self, request: web.Request) -> web.Response:
+        if request.method == "PUT":
+            self.register(await request.json())
+            return web.Response(text="OK", status=200)
+        if request.method != "GET":
+            return web.Response(text="Method not allowed", status=405)
+        try:
+            key = tuple(int(request.query[k]) for k in
+                        ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank"))
+        except (KeyError, ValueError):
+            return web.Response(text="Missing inputs for bootstrap server.", status=400)
+        if key == (-1, -1, -1, -1):
+            if not self.info:
+                return web.Response(text="Prefill server not fully registered yet.", status=503)
+            return web.json_response(self.info)
+        if key not in self.ranks:
+            return web.Response(text=f"Bootstrap info not Found for {key}", status=404)
+        return web.json_response(self.ranks[key])
+
+
+class PrefillScheduler:
+    """The scheduler loop, its queues and the KV transfers (an asyncio task plus worker threads)."""
+
+    def __init__(self, settings: TwinSettings, loop_owner, metrics: TwinMetrics, version: str) -> None:
+        self.settings = settings
+        self.engine = loop_owner  # forensics.sandbox.prefill.PrefillLoop
+        self.KVPoll = loop_owner.KVPoll
+        self.KVTransferError = loop_owner.release.module("common.conn").KVTransferError
+        self.metrics = metrics
+        self.version = version
+        self.incoming: asyncio.Queue[PrefillRequest] = asyncio.Queue()
+        self.bootstrap_queue: list[PrefillRequest] = []
+        self.waiting_queue: list[PrefillRequest] = []
+        self.inflight_queue: list[PrefillRequest] = []
+        self.health_probes: list[PrefillRequest] = []
+        self.aborts: set[str] = set()
+        self.wakeup = asyncio.Event()
+        agent = loop_owner.agent
+        self.agent = getattr(agent, "real_agent", agent)
+        self.workers = ThreadPoolExecutor(TRANSFER_WORKERS, thread_name_prefix="transfer_worker")
+        self._sources = threading.local()
+        self.last_idle_metrics = 0.0
+        self.last_input_throughput = 0.0
+        self.counters = {"bootstrapped": 0, "transferred": 0, "transfer_failed": 0, "bootstrap_failed": 0,
+                         "aborted": 0, "prefill_batches": 0, "health_batches": 0}
+
+    # ------------------------------------------------------------ entry points
+
+    def submit(self, req: wire.GenerationRequest) -> PrefillRequest:
+        item = PrefillRequest(req=req, done=asyncio.get_running_loop().create_future())
+        self.incoming.put_nowait(item)
+        self.wakeup.set()
+        return item
+
+    def abort(self, rid: str) -> None:
+        """An AbortReq from the tokenizer (client gone): matched by rid prefix, as sglang does."""
+        self.aborts.add(rid)
+        self.wakeup.set()
+
+    # ------------------------------------------------------------------- loop
+
+    async def run(self) -> None:
+        while True:
+            progressed = self._admit()
+            self._apply_aborts()
+            progressed |= self._poll_bootstrap_queue()
+            if self.waiting_queue or self.health_probes:
+                await self._run_batch()
+                progressed = True
+            progressed |= self._poll_inflight_queue()
+            if not progressed:
+                self._maybe_idle_metrics()
+                self.wakeup.clear()
+                try:
+                    await asyncio.wait_for(self.wakeup.wait(), timeout=0.005)
+                except TimeoutError:
+                    pass
+
+    def _admit(self) -> bool:
+        admitted = False
+        while not self.incoming.empty():
+            item = self.incoming.get_nowait()
+            admitted = True
+            if item.req.is_health_probe:
+                self.health_probes.append(item)  # FakeKVSender: no bootstrap, no transfer
+                continue
+            self.engine.create_rooms([item.req.bootstrap_room])  # the release's sender -> Bootstrapping
+            self.bootstrap_queue.append(item)
+        return admitted
+
+    def _apply_aborts(self) -> None:
+        if not self.aborts:
+            return
+        aborts, self.aborts = self.aborts, set()
+        for item in self.bootstrap_queue:
+            if any(item.req.rid.startswith(rid) for rid in aborts):
+                item.aborted = True
+                mgr = self.engine.manager
+                sender = self.engine.senders.get(item.req.bootstrap_room)
+                if sender is not None and hasattr(sender, "abort"):
+                    sender.abort()  # the release's own CommonKVSender.abort
+                else:
+                    mgr.record_failure(item.req.bootstrap_room, "Aborted by AbortReq.")
+                    mgr.update_status(item.req.bootstrap_room, self.KVPoll.Failed)
+        for queue in (self.waiting_queue, self.inflight_queue):
+            for item in queue:
+                if any(item.req.rid.startswith(rid) for rid in aborts):
+                    item.aborted = True
+
+    def _room_state(self, room: int) -> int:
+        return int(self.engine.manager.request_status.get(room, self.KVPoll.Failed))
+
+    def _failure(self, room: int) -> str:
+        mgr = self.engine.manager
+        with mgr.failure_lock:
+            reason = mgr.failure_records.pop(room, None) or "NIXL KVSender Exception"
+        return str(self.KVTransferError(room, reason))
+
+    def _poll_bootstrap_queue(self) -> bool:
+        moved = False
+        keep = []
+        for item in self.bootstrap_queue:
+            room = item.req.bootstrap_room
+            state = self._room_state(room)
+            if state == self.KVPoll.Failed:
+                prefill_log.warning(
+                    f"Prefill bootstrap failed for request rank=0 req.rid={item.req.rid!r} "
+                    f"req.bootstrap_room={room} with exception {self._failure(room)}"
+                )
+                self.metrics.bootstrap_failed.inc()
+                self.counters["bootstrap_failed"] += 1
+                self._finish(item, error="bootstrap failed")
+                moved = True
+            elif state >= self.KVPoll.WaitingForInput:  # the real loop got the decode's transfer info
+                item.bootstrapped_at = time.monotonic()
+                self.metrics.observe_stage("prefill_bootstrap", item.bootstrapped_at - item.entered)
+                self.counters["bootstrapped"] += 1
+                self.waiting_queue.append(item)
+                moved = True
+            else:
+                keep.append(item)
+        self.bootstrap_queue = keep
+        return moved
+
+    async def _run_batch(self) -> None:
+        batch, tokens = [], 0
+        while self.waiting_queue and (not batch or tokens + self.waiting_queue[0].req.prompt_tokens
+                                      <= self.settings.max_prefill_tokens):
+            item = self.waiting_queue.pop(0)
+            tokens += item.req.prompt_tokens
+            batch.append(item)
+        probes, self.health_probes = (self.health_probes, []) if not batch else ([], self.health_probes)
+        new_tokens = tokens if batch else len(probes)
+        started = time.monotonic()
+        await asyncio.sleep(new_tokens / self.settings.prefill_rate_tps)  # the forward pass
+        elapsed = max(time.monotonic() - started, 1e-6)
+        self.last_input_throughput = new_tokens / elapsed
+        for item in batch:
+            self.inflight_queue.append(item)
+            if item.aborted:
+                continue
+            item.transfer = asyncio.get_running_loop().run_in_executor(self.workers, self._transfer, item)
+        self.counters["prefill_batches" if batch else "health_batches"] += 1
+        log.info(prefill_batch_line(
+            self.version, new_seq=len(batch) or len(probes), new_token=new_tokens, token_usage=0.0,
+            running_req=0, queue_req=len(self.waiting_queue), bootstrap_req=len(self.bootstrap_queue),
+            inflight_req=len(self.inflight_queue), input_throughput=self.last_input_throughput,
+        ))
+        self._report_stats()
+        for item in probes:
+            self._finish(item, meta={"health": True})
+
+    def _report_stats(self) -> None:
+        """``report_prefill_stats``: the gauges move only here and on the idle tick."""
+        self.metrics.prefill_bootstrap_queue.set(len(self.bootstrap_queue))
+        self.metrics.prefill_inflight_queue.set(len(self.inflight_queue))
+        self.metrics.num_queue_reqs.set(len(self.waiting_queue))
+        self.metrics.num_running_reqs.set(0)
+
+    def _maybe_idle_metrics(self) -> None:
+        fully_idle = not (self.bootstrap_queue or self.waiting_queue or self.inflight_queue)
+        now = time.monotonic()
+        if fully_idle and now - self.last_idle_metrics >= IDLE_METRICS_INTERVAL_S:
+            self.last_idle_metrics = now
+            self._report_stats()
+
+    def _poll_inflight_queue(self) -> bool:
+        moved = False
+        keep = []
+        for item in self.inflight_queue:
+            room = item.req.bootstrap_room
+            if item.transfer is None and item.aborted:
+                self._finish(item, error="aborted")
+                moved = True
+                continue
+            if item.transfer is None or not item.transfer.done():
+                keep.append(item)
+                continue
+            moved = True
+            error = item.transfer.exception()
+            if error is None and self._room_state(room) == self.KVPoll.Success:
+                self.counters["transferred"] += 1
+                self._finish(item, meta=item.transfer.result())
+            else:
+                prefill_log.warning(
+                    f"Prefill transfer failed for request rank=0 req.rid={item.req.rid!r} "
+                    f"req.bootstrap_room={room} with exception {self._failure(room)}"
+                )
+                self.metrics.transfer_failed.inc()
+                self.counters["transfer_failed"] += 1
+                self._finish(item, error="transfer failed")
+        self.inflight_queue = keep
+        return moved
+
+    def _finish(self, item: PrefillRequest, *, meta: dict | None = None, error: str | None = None) -> None:
+        self.engine.senders.pop(item.req.bootstrap_room, None)
+        if not item.done.done():
+            item.done.set_result({"error": error} if error else (meta or {}))
+
+    # -------------------------------------------------------------- transfer
+
+    def _source(self) -> nx.RegisteredSource:
+        source = getattr(self._sources, "buffer", None)
+        if source is None:
+            size = self.settings.max_prefill_tokens * self.settings.bytes_per_token + AUX_BYTES
+            source = nx.RegisteredSource(self.agent, size)
+            self._sources.buffer = source
+        return source
+
+    def _transfer(self, item: PrefillRequest) -> dict:
+        """Write the room's KV pages and aux into every decode that sent transfer info (a worker thread)."""
+        room = item.req.bootstrap_room
+        mgr = self.engine.manager
+        started = time.perf_counter()
+        nbytes = item.req.prompt_tokens * self.settings.bytes_per_token
+        try:
+            infos = dict(mgr.transfer_infos.get(room, {}))
+            if not infos:
+                raise RuntimeError(f"room {room} has no transfer info")
+            source = self._source()
+            payload = source.view(nbytes)
+            payload[:] = nx.kv_payload(room, nbytes)
+            aux = source.buffer[-AUX_BYTES:]
+            aux[:] = np.frombuffer(np.int64(room & 0x7FFFFFFFFFFFFFFF).tobytes(), dtype=np.uint8)
+            for agent_name, info in infos.items():
+                peer = mgr.decode_kv_args_table[agent_name]
+                nx.write_pages(self.agent, agent_name, payload, peer.dst_kv_ptrs[0], peer.dst_kv_item_len,
+                               info.dst_kv_indices, nx.kv_tag(room))
+                aux_item = nx.AUX_ITEM_BYTES
+                nx.write_pages(self.agent, agent_name, aux, peer.dst_aux_ptrs[0], aux_item,
+                               np.array([info.dst_aux_index]), nx.aux_tag(room))
+            mgr.update_status(room, self.KVPoll.Success)
+        except Exception as exc:
+            logging.getLogger("sglang.srt.disaggregation.nixl.conn").exception(
+                f"Unexpected transfer worker error for room {room}"
+            )
+            mgr.record_failure(room, f"Failed to send kv chunk of {room} to decode: {exc}")
+            mgr.update_status(room, self.KVPoll.Failed)
+            raise
+        latency = time.perf_counter() - started
+        bootstrap_s = (item.bootstrapped_at - item.entered) if item.bootstrapped_at else None
+        self.metrics.observe_transfer(latency, nbytes, bootstrap_s)
+        self.metrics.observe_stage("prefill_transfer_kv_cache", latency)
+        return {"kv_bytes": nbytes, "transfer_ms": round(latency * 1000, 3)}
+
+
+class PrefillServer:
+    def __init__(self, settings: TwinSettings, version: str) -> None:
+        from forensics.sandbox.prefill import PrefillLoop
+        from forensics.sandbox.shim import load_release
+
+        self.settings = settings
+        self.version = version
+        self.release = load_release(settings.sglang_root, version=version)
+        self.loop = PrefillLoop(self.release, backend=settings.backend, host=settings.host, capture_logs=False)
+        self.metrics = TwinMetrics(version, "prefill")
+        self.scheduler = PrefillScheduler(settings, self.loop, self.metrics, version)
+        self.bootstrap = BootstrapServer()
+        self.started = time.time()
+        app = web.Application(middlewares=[httpserver.metrics_middleware(self.metrics)])
+        for endpoint in wire.ENDPOINTS:
+            app.router.add_post(endpoint, self.generate)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/health_generate", self.health)
+        app.router.add_get("/metrics", httpserver.metrics_handler(self.metrics))
+        app.router.add_get("/server_info", self.server_info)
+        app.router.add_get("/get_server_info", self.server_info)
+        app.router.add_post("/abort_request", self.abort_request)
+        app.router.add_get("/ping", self.ping)
+        self.app = app
+
+    async def start(self) -> None:
+        runner = web.AppRunner(self.bootstrap.app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, self.settings.host, self.settings.bootstrap_port, reuse_address=True).start()
+        # What CommonKVManager._register_to_bootstrap PUTs for a TP=1 prefill rank.
+        self.bootstrap.register({
+            "attn_tp_size": 1, "attn_tp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0, "attn_dp_size": 1,
+            "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1, "system_dp_rank": 0,
+            "rank_ip": self.loop.host, "rank_port": self.loop.port, "page_size": 1, "kv_cache_dtype": "auto",
+        })
+        self.task = asyncio.get_running_loop().create_task(self.scheduler.run())
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        endpoint = request.path
+        try:
+            req = wire.parse(endpoint, await request.json())
+        except (wire.BadRequest, json.JSONDecodeError) as exc:
+            return web.json_response({"error": {"message": str(exc)}}, status=400)
+        if req.bootstrap_room is None:
+            return web.json_response({"error": {"message": "PD prefill needs bootstrap_room"}}, status=400)
+        self.metrics.num_requests.inc()
+        self.metrics.prompt_tokens.inc(req.prompt_tokens)
+        item = self.scheduler.submit(req)
+        if not req.stream:
+            try:
+                result = await asyncio.shield(item.done)
+            except asyncio.CancelledError:
+                self._abort_later(req.rid, 0.0)  # non-streaming: the tokenizer aborts at once
+                raise
+            return web.json_response(wire.final_response(req, "", result))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            result = await asyncio.shield(item.done)
+            await response.write(wire.sse(wire.stream_chunk(req, 0, "", result)))
+            await response.write(wire.sse("[DONE]"))
+        except asyncio.CancelledError:
+            self._abort_later(req.rid, self.settings.abort_delay_s)
+            raise
+        return response
+
+    def _abort_later(self, rid: str, delay: float) -> None:
+        async def abort() -> None:
+            await asyncio.sleep(delay)
+            self.metrics.num_aborted.inc()
+            self.scheduler.abort(rid)
+
+        asyncio.get_running_loop().create_task(abort())
+
+    async def health(self, request: web.Request) -> web.Response:
+        """sglang's /health and /health_generate: a 1-token request on the fake bootstrap path."""
+        probe = wire.GenerationRequest(endpoint="/generate", rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+                                       prompt_tokens=1, max_new_tokens=1, stream=False,
+                                       bootstrap_host=wire.FAKE_BOOTSTRAP_HOST, bootstrap_port=None,
+                                       bootstrap_room=0)
+        item = self.scheduler.submit(probe)
+        try:
+            await asyncio.wait_for(asyncio.shield(item.done), timeout=self.settings.health_timeout_s)
+        except TimeoutError:
+            log.error("Health check failed. Server couldn't get a response from detokenizer for last "
+                      f"{self.settings.health_timeout_s:.0f} seconds.")
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def ping(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.metrics.num_aborted.inc()
+        self.scheduler.abort(str(body.get("rid", "")))
+        return web.Response(status=200)
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        sched = self.scheduler
+        return web.json_response({
+            "version": self.version,
+            "disaggregation_mode": "prefill",
+            "disaggregation_transfer_backend": self.settings.backend,
+            "disaggregation_bootstrap_port": self.settings.bootstrap_port,
+            "sglang_root": self.settings.sglang_root,
+            "patched": self.settings.patched,
+            "internal_states": [{
+                "last_gen_throughput": 0.0,
+                "twin": {
+                    "bootstrap_thread_alive": self.loop.thread_alive(),
+                    "bootstrap_threads": self.loop.thread_info(),
+                    "zmq_endpoint": self.loop.endpoint,
+                    "frames_consumed": self.loop.socket.delivered,
+                    "bootstrap_queue": len(sched.bootstrap_queue),
+                    "waiting_queue": len(sched.waiting_queue),
+                    "inflight_queue": len(sched.inflight_queue),
+                    "counters": dict(sched.counters),
+                    "room_states": {str(k): v for k, v in list(self.loop.room_states().items())[-50:]},
+                    "nixl_agent": self.loop.agent_kind,
+                    "uptime_s": round(time.time() - self.started, 3),
+                },
+            }],
+        })
+
+    def stop(self) -> None:
+        self.scheduler.workers.shutdown(wait=False, cancel_futures=True)
+        self.loop.close(timeout=2.0)
+
+
+def main() -> None:
+    inv, settings = httpserver.process_setup("prefill", "sglang::scheduler")
+    server = PrefillServer(settings, inv.sglang or settings.sglang)
+    httpserver.serve(server.app, settings.host, settings.prefill_port, on_start=server.start, on_stop=server.stop)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The twin's own settings, stored in the inventory's ``[twin]`` table.
+
+Every twin process reads them from the inventory alone, so ``twin restart`` and
+``twin down --inventory FILE`` need nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+DEFAULT_WAITING_TIMEOUT_S = 30.0  # sglang: 300 s; shorter so a wedge shows its timeouts in a demo
+
+
+@dataclass
+class TwinSettings:
+    directory: str
+    sglang: str
+    sglang_root: str  # the twin's own copy, laid out like site-packages (holds sglang/)
+    backend: str = "nixl"
+    patched: bool = False
+    host: str = "127.0.0.1"
+    router_port: int = 0
+    prefill_port: int = 0
+    bootstrap_port: int = 0
+    decode_port: int = 0
+    waiting_timeout_s: float = DEFAULT_WAITING_TIMEOUT_S
+    prefill_rate_tps: float = 5000.0  # prefill speed, tokens/s: the window in which a client can die
+    decode_rate_tps: float = 20.0  # decode iterations per second (one token per running request each)
+    decode_log_interval: int = 40  # sglang's --decode-log-interval
+    abort_delay_s: float = 2.0  # sglang's streaming disconnect -> AbortReq delay (create_abort_task)
+    bytes_per_token: int = 256  # synthetic KV bytes per prompt token
+    page_bytes: int = 4096
+    pool_pages: int = 16384  # decode KV pool: 64 MiB at 4 KiB pages
+    max_prefill_tokens: int = 16384  # tokens per prefill batch
+    health_timeout_s: float = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
+    log_level: str = "info"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TwinSettings:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def url(self, port: int) -> str:
+        return f"http://{self.host}:{port}"
