@@ -481,9 +481,14 @@ class SourceScanner:
                 previous = rfind(b"\n[20", 0, start)
                 if previous >= 0:
                     last_minute = data[previous + 2: previous + 18]
-                elif start == 0 or data.startswith(b"[20"):
-                    last_minute = data[1:17] if data.startswith(b"[20") else last_minute
-                minute = last_minute
+                elif data.startswith(b"[20"):
+                    last_minute = data[1:17]
+                if last_minute is None:
+                    # Nothing timed before it yet: the next sglang line is the best bound.
+                    following = find(b"\n[20", end - 1)
+                    minute = data[following + 2: following + 18] if following >= 0 else None
+                else:
+                    minute = last_minute
                 method, path, status = found.group(2), found.group(3), found.group(4)
                 host = unit = None
             else:

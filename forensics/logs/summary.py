@@ -33,8 +33,10 @@ class Summary:
 
     def __rich__(self):
         from rich.panel import Panel
+        from rich.text import Text
 
-        return Panel("\n".join(f"• {s}" for s in self.sentences), title="Log summary", expand=False)
+        # Text, not markup: sentences quote "[file:line]" and log text with brackets.
+        return Panel(Text("\n".join(f"• {s}" for s in self.sentences)), title="Log summary", expand=False)
 
 
 def _when(ts) -> str:

@@ -285,7 +285,7 @@ def _batch_frame(result: SourceResult, role, explicit_role, default_host) -> pd.
     else:
         units = frame["unit"].astype("object")
         mapping = {u: _role_of(u, role) for u in units.dropna().unique()}
-        frame["role"] = units.map(mapping).fillna(role)
+        frame["role"] = units.map(mapping).astype("object").where(units.notna(), role)
     return frame
 
 
