@@ -1,0 +1,183 @@
+"""KV memory and NIXL agents for an engine that has no GPU.
+
+A sandboxed engine owns a small KV cache in host memory (numpy buffers: K and V per layer,
+plus aux), described by the release's own ``KVArgs``. Its NIXL agent is real (nixl_cu12 over
+UCX) when NIXL imports. sglang asks NIXL for ``"VRAM"`` memory on most paths (hard-coded
+before 0.5.15, the default kind after), which UCX cannot give without CUDA; the
+:class:`HostMemoryAgent` adapter therefore registers and describes that memory as ``"DRAM"``
+(device 0) and forwards everything else to the real agent untouched. The release's code
+runs its GPU code path; only the physical memory is host memory.
+
+Without NIXL, :class:`RecordingAgent` stands in: it records what the loop registers so
+the bootstrap protocol still runs (``SandboxInfo.agent`` says which one was used).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+LAYERS = 2
+SLOTS = 16
+KV_ITEM_BYTES = 64
+AUX_ITEM_BYTES = 32
+
+
+@dataclass
+class HostKV:
+    """The buffers behind one engine's KVArgs (kept alive as long as the engine)."""
+
+    kv: list[np.ndarray] = field(default_factory=list)
+    aux: list[np.ndarray] = field(default_factory=list)
+
+    @classmethod
+    def allocate(cls) -> HostKV:
+        kv = [np.zeros(SLOTS * KV_ITEM_BYTES, dtype=np.uint8) for _ in range(2 * LAYERS)]  # K..., V...
+        aux = [np.zeros(SLOTS * AUX_ITEM_BYTES, dtype=np.uint8)]
+        return cls(kv=kv, aux=aux)
+
+    def kv_args(self, kv_args_class: type, *, engine_rank: int = 0):
+        """An instance of the release's ``KVArgs`` describing these buffers (a 1-GPU, TP=1 engine)."""
+        args = kv_args_class()
+        values = {
+            "engine_rank": engine_rank,
+            "kv_data_ptrs": [buf.ctypes.data for buf in self.kv],
+            "kv_data_lens": [buf.nbytes for buf in self.kv],
+            "kv_item_lens": [KV_ITEM_BYTES] * len(self.kv),
+            "aux_data_ptrs": [buf.ctypes.data for buf in self.aux],
+            "aux_data_lens": [buf.nbytes for buf in self.aux],
+            "aux_item_lens": [AUX_ITEM_BYTES] * len(self.aux),
+            "state_types": [],
+            "state_data_ptrs": [],
+            "state_data_lens": [],
+            "state_item_lens": [],
+            "state_dim_per_tensor": [],
+            "state_type": "none",
+            "ib_device": None,
+            "ib_traffic_class": None,
+            "gpu_id": 0,
+            "kv_head_num": 1,
+            "total_kv_head_num": 1,
+            "page_size": 1,
+            "system_dp_rank": 0,
+            "pp_rank": 0,
+            "prefill_start_layer": 0,
+            "prefill_end_layer": LAYERS,
+            "prefill_pp_size": 1,
+            "mla_compression_ratios": None,
+            "kv_buf_groups": 1,
+            "total_kv_layers": LAYERS,
+            "decode_tp_size": 1,
+        }
+        for name, value in values.items():
+            setattr(args, name, value)
+        return args
+
+
+def _as_host(mem_type: str) -> str:
+    return "DRAM" if mem_type in ("VRAM", "cuda", "VRAM_SEG") else mem_type
+
+
+def _host_descs(descs):
+    """Device ids of VRAM descriptors become 0 (host memory has one device)."""
+    if isinstance(descs, np.ndarray) and descs.ndim == 2 and descs.shape[1] >= 3:
+        descs = descs.copy()
+        descs[:, 2] = 0
+        return descs
+    if isinstance(descs, list) and descs and isinstance(descs[0], tuple):
+        return [(d[0], d[1], 0, *d[3:]) for d in descs]
+    return descs
+
+
+class HostMemoryAgent:
+    """A real NIXL agent whose ``"VRAM"`` is host memory (see the module docstring)."""
+
+    def __init__(self, agent) -> None:
+        self._agent = agent
+
+    @property
+    def real_agent(self):
+        return self._agent
+
+    def register_memory(self, descs, mem_type: str | None = None, *args, **kwargs):
+        if mem_type is None:
+            return self._agent.register_memory(descs, *args, **kwargs)
+        return self._agent.register_memory(_host_descs(descs), _as_host(mem_type), *args, **kwargs)
+
+    def get_xfer_descs(self, descs, mem_type: str | None = None, *args, **kwargs):
+        if mem_type is None:
+            return self._agent.get_xfer_descs(descs, *args, **kwargs)
+        return self._agent.get_xfer_descs(_host_descs(descs), _as_host(mem_type), *args, **kwargs)
+
+    def get_reg_descs(self, descs, mem_type: str | None = None, *args, **kwargs):
+        if mem_type is None:
+            return self._agent.get_reg_descs(descs, *args, **kwargs)
+        return self._agent.get_reg_descs(_host_descs(descs), _as_host(mem_type), *args, **kwargs)
+
+    def prep_xfer_dlist(self, agent_name, xfer_list, mem_type: str | None = None, *args, **kwargs):
+        if mem_type is None:
+            return self._agent.prep_xfer_dlist(agent_name, xfer_list, *args, **kwargs)
+        return self._agent.prep_xfer_dlist(agent_name, _host_descs(xfer_list), _as_host(mem_type), *args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._agent, name)
+
+
+class RecordingAgent:
+    """Stands in for NIXL when it cannot be imported: records registrations, moves no data."""
+
+    _handles = itertools.count(1)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.remote_agents: dict[str, bytes] = {}
+        self.registered: list[tuple[str, object]] = []
+
+    def get_agent_metadata(self) -> bytes:
+        return f"recording-agent:{self.name}".encode()
+
+    def add_remote_agent(self, metadata: bytes) -> bytes:
+        name = metadata.split(b":", 1)[-1]
+        self.remote_agents[name.decode(errors="replace")] = metadata
+        return name
+
+    def register_memory(self, descs, mem_type=None, *args, **kwargs):
+        self.registered.append((str(mem_type), descs))
+        return ("registered", next(self._handles))
+
+    def get_xfer_descs(self, descs, mem_type=None, *args, **kwargs):
+        return ("descs", descs)
+
+    def get_reg_descs(self, descs, mem_type=None, *args, **kwargs):
+        return ("descs", descs)
+
+    def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None, *args, **kwargs):
+        return ("prepped", agent_name, next(self._handles))
+
+    def check_remote_metadata(self, name, *args, **kwargs) -> bool:
+        return name in self.remote_agents
+
+    def get_new_notifs(self):
+        return {}
+
+    def __getattr__(self, name: str):
+        raise AttributeError(f"RecordingAgent (NIXL unavailable) has no {name}; this path needs real NIXL")
+
+
+def make_agent(role: str):
+    """(agent, description): a real NIXL agent on UCX when NIXL imports, else a RecordingAgent."""
+    name = str(uuid.uuid4())
+    api = sys.modules.get("nixl._api")
+    if api is None:
+        try:
+            import nixl._api as api  # aliased to nixl_cu12 by the shim when present
+        except ImportError:
+            api = None
+    if api is not None:
+        config = api.nixl_agent_config(backends=["UCX"])
+        return HostMemoryAgent(api.nixl_agent(name, config)), "nixl (real, UCX, host memory)"
+    return RecordingAgent(name), "recording stand-in (NIXL not importable)"

@@ -1,0 +1,367 @@
+"""The prefill side in-process: the release's KV manager, a real PULL socket, its own bootstrap thread.
+
+``PrefillLoop`` builds the release's prefill KV manager class without running its
+``__init__`` (which needs GPUs, torch.distributed and a bootstrap HTTP server), sets the
+attributes its bootstrap loop and the helpers that loop calls read, binds a real ZMQ PULL
+socket on 127.0.0.1 and starts the release's own thread (``_start_bootstrap_thread``;
+0.5.21+ wraps it in ``bootstrap_thread_guarded``). Rooms are created by the release's own
+sender class, so they enter ``Bootstrapping`` exactly as in a scheduler.
+
+The twin's prefill process uses this class directly; :class:`~forensics.sandbox.EngineSandbox`
+runs it in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import time
+import types
+
+import zmq
+
+from forensics.sandbox.errors import SandboxError
+from forensics.sandbox.host_memory import HostKV, make_agent
+from forensics.sandbox.observe import LogCapture, ThreadWatch
+from forensics.sandbox.shim import LoadedRelease
+
+log = logging.getLogger(__name__)
+
+BOOTSTRAP_ADDR = "127.0.0.1:8998"  # where a sender would register its dp rank; never contacted (dp=1)
+
+
+class CountingSocket:
+    """The real PULL socket, counting the messages the loop has taken from it.
+
+    The loop is sequential, so "it has received N messages and is blocked in the next
+    receive" means it finished handling all N: that is how ``settle`` knows the loop
+    consumed what was sent, without sleeping. Everything else goes to the real socket.
+    """
+
+    def __init__(self, socket: zmq.Socket) -> None:
+        self._socket = socket
+        self.condition = threading.Condition()
+        self.delivered = 0
+        self.receiving = False
+        self.last_frames: list[bytes] | None = None
+
+    def recv_multipart(self, *args, **kwargs):
+        with self.condition:
+            self.receiving = True
+            self.condition.notify_all()
+        try:
+            frames = self._socket.recv_multipart(*args, **kwargs)
+        finally:
+            with self.condition:
+                self.receiving = False
+        with self.condition:
+            self.delivered += 1
+            self.last_frames = frames
+            self.condition.notify_all()
+        return frames
+
+    @property
+    def real_socket(self) -> zmq.Socket:
+        return self._socket
+
+    def __getattr__(self, name: str):
+        return getattr(self._socket, name)
+
+
+def _server_args() -> types.SimpleNamespace:
+    """The ServerArgs fields the sender and loop read, for a 1-GPU prefill without DP."""
+    return types.SimpleNamespace(
+        dp_size=1,
+        enable_dp_attention=False,
+        load_balance_method="round_robin",
+        pp_size=1,
+        host="127.0.0.1",
+        disaggregation_bootstrap_port=8998,
+        dist_init_addr=None,
+        disaggregation_decode_enable_radix_cache=False,
+        enable_hisparse=False,
+        disaggregation_transfer_backend="nixl",
+        kv_cache_dtype="auto",
+        page_size=1,
+    )
+
+
+def manager_class(module: types.ModuleType, backend: str) -> type:
+    names = {"nixl": "NixlKVManager", "mooncake": "MooncakeKVManager"}
+    if backend not in names:
+        raise SandboxError(f"backend {backend!r} is not supported by the sandbox (nixl, mooncake)")
+    try:
+        return getattr(module, names[backend])
+    except AttributeError as exc:
+        raise SandboxError(f"{module.__file__} defines no {names[backend]}") from exc
+
+
+def _common_manager_state(mgr, release_module, mode, *, socket, port: int, host: str, agent, kv_args) -> None:
+    """Attributes CommonKVManager.__init__ (and the backend's) would set, for one TP=1 rank."""
+    envs = _envs()
+    values = {
+        "kv_args": kv_args,
+        "kv_item_lens_sum": sum(kv_args.kv_item_lens),
+        "state_item_lens_sum": 0,
+        "is_mla_backend": False,
+        "disaggregation_mode": mode,
+        "server_args": _server_args(),
+        "bootstrap_host": host,
+        "bootstrap_port": 8998,
+        "dist_init_addr": None,
+        "attn_tp_size": 1,
+        "attn_tp_rank": 0,
+        "attn_cp_size": 1,
+        "attn_cp_rank": 0,
+        "attn_dp_size": 1,
+        "attn_dp_rank": 0,
+        "system_dp_size": 1,
+        "system_dp_rank": 0,
+        "pp_size": 1,
+        "pp_rank": 0,
+        "tp_size": 1,
+        "tp_rank": 0,
+        "engine_rank": 0,
+        "local_ip": host,
+        "rank_port": port,
+        "server_socket": socket,
+        "enable_all_cp_ranks_for_transfer": False,
+        "request_status": {},
+        "_socket_cache": {},
+        "_monitor_cache": {},
+        "_socket_lock": threading.Lock(),
+        "failure_records": {},
+        "failure_lock": threading.Lock(),
+        "agent": agent,
+        "enable_staging": False,
+        "_staging_ctx": None,
+        "_staging_handler": None,
+        "kv_buffer_tensors": None,
+        "prep_handles": {},
+        "prep_handle_slice_src": None,
+        "prep_handles_slice_dst": {},
+        "prep_handles_segment_src": {},
+        "_num_slots_src": kv_args.kv_data_lens[0] // kv_args.kv_item_lens[0],
+        "src_mem_kind": "VRAM",
+        "deferred_bootstrap": None,
+        "sender_trace_module": None,
+        "receiver_trace_module": None,
+        "bootstrap_timeout": _env_value(envs, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300),
+        "waiting_timeout": _env_value(envs, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300),
+        "heartbeat_interval": 5.0,
+        "max_failures": 2,
+    }
+    for name, value in values.items():
+        setattr(mgr, name, value)
+    kv_args.kv_data_mem_kinds = ["VRAM"] * len(kv_args.kv_data_ptrs)
+
+
+def _envs():
+    import sys
+
+    environ = sys.modules.get("sglang.srt.environ")
+    return getattr(environ, "envs", None) if environ is not None else None
+
+
+def _env_value(envs, name: str, default):
+    try:
+        return getattr(envs, name).get()
+    except Exception:
+        return default
+
+
+class PrefillLoop:
+    """One prefill rank's real bootstrap loop on a real ZMQ PULL socket on ``host``.
+
+    >>> release = load_release(source.root)
+    >>> loop = PrefillLoop(release)            # socket bound, thread started
+    >>> loop.create_rooms([1, 2]); loop.room_states()
+    {1: 1, 2: 1}
+    >>> loop.close()
+    """
+
+    def __init__(
+        self,
+        release: LoadedRelease,
+        *,
+        backend: str = "nixl",
+        host: str = "127.0.0.1",
+        context: zmq.Context | None = None,
+        watch: ThreadWatch | None = None,
+        capture_logs: bool = True,
+    ) -> None:
+        self.release = release
+        self.backend = backend
+        self.module = release.module(f"{backend}.conn")
+        base = release.module("base.conn")
+        self.KVPoll = base.KVPoll
+        utils = release.module("utils")
+        self.context = context or zmq.Context()
+        self._own_context = context is None
+        self.watch = watch or ThreadWatch()
+        self.watch.install(self._describe_thread)
+        self.logs = LogCapture(self.watch)
+        if capture_logs:
+            self.logs.attach()
+        self.host_kv = HostKV.allocate()
+        self.agent, self.agent_kind = make_agent("prefill")
+        pull = self.context.socket(zmq.PULL)
+        pull.setsockopt(zmq.RCVHWM, 0)  # as sglang's get_zmq_socket_on_host does for PULL
+        pull.setsockopt(zmq.LINGER, 0)
+        self.port = pull.bind_to_random_port(f"tcp://{host}")
+        self.host = host
+        self.endpoint = f"tcp://{host}:{self.port}"
+        self.socket = CountingSocket(pull)
+        cls = manager_class(self.module, backend)
+        self.manager = cls.__new__(cls)
+        _common_manager_state(
+            self.manager,
+            self.module,
+            utils.DisaggregationMode.PREFILL,
+            socket=self.socket,
+            port=self.port,
+            host=host,
+            agent=self.agent,
+            kv_args=self.host_kv.kv_args(base.KVArgs),
+        )
+        self._backend_state()
+        self.senders: dict[int, object] = {}
+        self.threads: list[threading.Thread] = []
+        self.started_at = time.time()
+        self._start_thread()
+
+    # ------------------------------------------------------------------ setup
+
+    def _backend_state(self) -> None:
+        mgr = self.manager
+        prefill_only = {
+            "is_dummy_cp_rank": False,
+            "transfer_infos": {},
+            "req_to_decode_prefix_len": {},
+            "decode_kv_args_table": {},
+            "pp_group": None,
+            "transfer_queues": [],
+            "exceptions": {},
+            "_peer_reload_lock": threading.Lock(),
+            "_peer_reload_times": {},
+        }
+        for name, value in prefill_only.items():
+            setattr(mgr, name, value)
+        if self.backend == "nixl" and hasattr(mgr, "register_buffer_to_engine"):
+            # The release's own registration of this engine's KV and aux memory with its agent.
+            mgr.register_buffer_to_engine()
+
+    def _start_thread(self) -> None:
+        start = getattr(self.manager, "_start_bootstrap_thread", None) or getattr(
+            self.manager, "start_prefill_thread", None
+        )
+        if start is None:
+            raise SandboxError(
+                f"sglang {self.release.version} {self.backend}/conn.py: the manager has neither "
+                "_start_bootstrap_thread nor start_prefill_thread"
+            )
+        before = set(threading.enumerate())
+        start()
+        self.threads = [t for t in threading.enumerate() if t not in before]
+        if not self.threads:
+            raise SandboxError(f"sglang {self.release.version}: {start.__name__}() started no thread")
+
+    def _describe_thread(self, thread: threading.Thread | None) -> dict:
+        is_loop = thread is not None and thread in self.threads
+        return {"bootstrap_thread": is_loop, "message_index": self.socket.delivered if is_loop else None}
+
+    # ------------------------------------------------------------------ rooms
+
+    def create_rooms(self, rooms) -> dict[int, int]:
+        """Create one sender per room with the release's own sender class (-> Bootstrapping)."""
+        sender_cls = getattr(self.module, {"nixl": "NixlKVSender", "mooncake": "MooncakeKVSender"}[self.backend])
+        for room in rooms:
+            room = int(room)
+            self.senders[room] = sender_cls(**self._sender_arguments(sender_cls, room))
+        return self.room_states()
+
+    def _sender_arguments(self, sender_cls: type, room: int) -> dict:
+        known = {
+            "mgr": self.manager,
+            "bootstrap_addr": BOOTSTRAP_ADDR,
+            "bootstrap_room": room,
+            "dest_tp_ranks": [0],
+            "pp_rank": 0,
+        }
+        arguments = {}
+        for name, parameter in inspect.signature(sender_cls.__init__).parameters.items():
+            if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                continue
+            if name in known:
+                arguments[name] = known[name]
+            elif parameter.default is inspect.Parameter.empty:
+                raise SandboxError(
+                    f"sglang {self.release.version}: {sender_cls.__name__}.__init__ needs {name!r}, "
+                    "which the sandbox does not know how to supply"
+                )
+        return arguments
+
+    def room_states(self) -> dict[int, int]:
+        return {int(room): int(state) for room, state in dict(self.manager.request_status).items()}
+
+    # ------------------------------------------------------------------ observation
+
+    @property
+    def bootstrap_thread(self) -> threading.Thread:
+        return self.threads[0]
+
+    def thread_alive(self) -> bool:
+        return self.bootstrap_thread.is_alive()
+
+    def thread_info(self) -> list[dict]:
+        return [{"name": t.name, "daemon": t.daemon, "alive": t.is_alive()} for t in self.threads]
+
+    def exceptions(self, *, include_teardown: bool = False) -> list[dict]:
+        return [r for r in self.watch.records if include_teardown or not r["during_teardown"]]
+
+    def log_records(self, *, include_teardown: bool = False) -> list[dict]:
+        return [r for r in self.logs.records if include_teardown or not r["during_teardown"]]
+
+    def wait_consumed(self, count: int, timeout: float = 10.0) -> str:
+        """Wait until the loop took ``count`` messages and is blocked in the next receive.
+
+        Returns ``"consumed"``, ``"thread dead"`` or ``"timeout"`` (the loop is still busy
+        with a message, or fewer than ``count`` arrived).
+        """
+        deadline = time.monotonic() + timeout
+        with self.socket.condition:
+            while True:
+                if not self.thread_alive():
+                    return "thread dead"
+                if self.socket.delivered >= count and self.socket.receiving:
+                    return "consumed"
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return "timeout"
+                # Woken on every receive; the short cap only notices a thread that died
+                # (the excepthook runs in the dying thread, before it is marked dead).
+                self.socket.condition.wait(min(remaining, 0.02))
+
+    # ------------------------------------------------------------------ teardown
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End the blocked loop by terminating the ZMQ context from another thread.
+
+        The loop's ``recv_multipart`` raises ``ContextTerminated`` and the thread ends; that
+        exception is recorded as ``during_teardown``, never as a thread death.
+        """
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        self.watch.begin_teardown()
+        terminator = None
+        if self._own_context:
+            terminator = threading.Thread(target=self.context.term, name="sandbox-zmq-term", daemon=True)
+            terminator.start()
+        for thread in self.threads:
+            thread.join(timeout)
+        self.socket.real_socket.close(linger=0)
+        if terminator is not None:
+            terminator.join(timeout)
+        self.logs.detach()
