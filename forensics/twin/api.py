@@ -207,9 +207,6 @@ def up(
     from forensics.sglang_source import fetch
 
     started = time.monotonic()
-    if backend not in SUPPORTED_BACKENDS:
-        raise TwinError(f"the twin runs the NIXL backend only (got --backend {backend}); "
-                        "mooncake is not built yet")
     host = overrides.pop("host", "127.0.0.1")
     if base_port is not None:
         ports = [base_port + i for i in range(4)]
@@ -223,6 +220,9 @@ def up(
     source = fetch(sglang)  # raises SourceError (an EnvironmentProblem) naming the release
     if backend not in source.backends():
         raise TwinError(f"sglang {sglang} has no {backend} backend (has: {', '.join(source.backends())})")
+    if backend not in SUPPORTED_BACKENDS:
+        raise TwinError(f"the twin runs the NIXL backend only (got --backend {backend}); "
+                        "a mooncake twin is not built yet")
     directory = Path(directory) if directory else Path(tempfile.mkdtemp(prefix=f"twin-{sglang}-"))
     directory.mkdir(parents=True, exist_ok=True)
     site = copy_release(source.root, directory / "site-packages")
@@ -251,16 +251,14 @@ def up(
 
 
 def _apply_patch(site: Path, version: str) -> None:
-    """Patch the twin's copy of ``nixl/conn.py`` with the project's codemod (as a deploy would)."""
+    """Patch the twin's copy of ``nixl/conn.py`` with the project's codemod, as a deploy would
+    (backup kept beside the twin, atomic compile-checked write)."""
     try:
-        from patched_engine import codemod  # type: ignore[attr-defined]
+        from patched_engine.apply import apply_file
     except ImportError as exc:
         raise TwinError(f"--patched needs the patched_engine codemod, which is not importable: {exc}") from exc
     conn = site / "sglang/srt/disaggregation/nixl/conn.py"
-    patched_text = codemod.patch_source(conn.read_text(), version=version)
-    tmp = conn.with_suffix(".py.tmp")
-    tmp.write_text(patched_text)
-    tmp.replace(conn)
+    apply_file(conn, yes=True, backup_dir=site.parent / "backups", release=version)
 
 
 def build_inventory(settings: TwinSettings, inventory_path: Path) -> inventory_mod.Inventory:

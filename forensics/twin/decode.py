@@ -43,6 +43,7 @@ from forensics.twin.settings import TwinSettings
 log = logging.getLogger("sglang.srt.managers.scheduler")
 decode_log = logging.getLogger("sglang.srt.disaggregation.decode")
 TRANSFER_POLL_S = 0.005
+ROUTE_TTL_S = 0.5
 
 
 @dataclass
@@ -188,17 +189,25 @@ class DecodeScheduler:
                    if item.receiver.conclude_state is None else item.receiver.conclude_state)
 
     def _lookup(self, addr: str) -> dict | None:
-        """The prefill rank behind ``addr``, fetched once from its bootstrap server (async)."""
-        if addr in self.bootstrap_info:
-            return self.bootstrap_info[addr]
+        """The prefill rank behind ``addr`` from its bootstrap server, refreshed when older than
+        ``ROUTE_TTL_S``. sglang notices a restarted prefill through its heartbeat; the twin's
+        prefill restarts in a second or two, so the decode re-reads the route instead, and a
+        rank at a new endpoint is a new peer (KV-args registration again)."""
+        cached = self.bootstrap_info.get(addr)
+        if cached is not None and time.monotonic() - cached["fetched"] < ROUTE_TTL_S:
+            return cached["info"]
         task = self.lookups.get(addr)
         if task is None or (task.done() and task.exception() is not None):
             self.lookups[addr] = asyncio.get_running_loop().create_task(self._fetch_route(addr))
             return None
-        if task.done():
-            self.bootstrap_info[addr] = task.result()
-            return self.bootstrap_info[addr]
-        return None
+        if not task.done():
+            return None
+        info = task.result()
+        del self.lookups[addr]
+        if cached is not None and cached["info"] != info:
+            self.rd.forget_peer(addr)  # the rank moved: a restarted prefill knows nothing of us
+        self.bootstrap_info[addr] = {"info": info, "fetched": time.monotonic()}
+        return info
 
     async def _fetch_route(self, addr: str) -> dict:
         url = f"http://{addr}/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0"

@@ -306,10 +306,12 @@ class PrefillScheduler:
 
     # -------------------------------------------------------------- transfer
 
-    def _source(self) -> nx.RegisteredSource:
+    def _source(self, nbytes: int) -> nx.RegisteredSource:
         source = getattr(self._sources, "buffer", None)
-        if source is None:
-            size = self.settings.max_prefill_tokens * self.settings.bytes_per_token + AUX_BYTES
+        if source is None or source.buffer.nbytes < nbytes + AUX_BYTES:
+            if source is not None:
+                source.close()
+            size = max(self.settings.max_prefill_tokens * self.settings.bytes_per_token, nbytes) + AUX_BYTES
             source = nx.RegisteredSource(self.agent, size)
             self._sources.buffer = source
         return source
@@ -324,7 +326,7 @@ class PrefillScheduler:
             infos = dict(mgr.transfer_infos.get(room, {}))
             if not infos:
                 raise RuntimeError(f"room {room} has no transfer info")
-            source = self._source()
+            source = self._source(nbytes)
             payload = source.view(nbytes)
             payload[:] = nx.kv_payload(room, nbytes)
             aux = source.buffer[-AUX_BYTES:]

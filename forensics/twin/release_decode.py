@@ -152,6 +152,13 @@ class ReleaseDecode:
             self.manager.connection_pool[key] = recv.bootstrap_infos
         self.manager.update_status(recv.bootstrap_room, self.KVPoll.WaitingForInput)
 
+    def forget_peer(self, bootstrap_addr: str) -> None:
+        """Drop what was registered with ``bootstrap_addr`` (sglang's ``_handle_node_failure`` does
+        the same to its connection pool), so the next request registers again."""
+        for key in [k for k in self.registered if k.startswith(f"{bootstrap_addr}_")]:
+            self.registered.discard(key)
+            self.manager.connection_pool.pop(key, None)
+
     def failure_text(self, recv) -> str:
         """``KVTransferError(...)`` as the scheduler's failure line prints it."""
         try:
