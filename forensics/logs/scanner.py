@@ -91,6 +91,8 @@ class SourceScanner:
         self.last_minute: bytes | None = None
         self.pending_times: list[dict] = []  # events still waiting for a time from a later line
         self.last_event: dict | None = None
+        self.pending_block: Block | None = None  # finished, but a chained exception may follow
+        self.pending_grace = 0
         self.last_event_line = -10
         if fmt in ("short-iso", "short-precise", "json"):
             self.result.access_minute_kind = _TS_KIND[fmt]
@@ -107,7 +109,7 @@ class SourceScanner:
         slow_known = 0  # untimed lines the slow path recognised (traceback parts)
         # 1. Rare lines: every catalogue literal, then the traceback lines that follow.
         starts = set()
-        if self.blocks.active:
+        if self.blocks.active or self.pending_block is not None:
             starts.add(0)
         for literal in self.literals:
             position = data.find(literal)
@@ -130,7 +132,7 @@ class SourceScanner:
                 position = end + 1
                 for block in self.blocks.expire(line_no):
                     self._emit_block(block)
-                if not self.blocks.active:
+                if not self.blocks.active and self.pending_block is None:
                     break
             last_position = position
         # 2. Batch lines.
@@ -177,8 +179,18 @@ class SourceScanner:
         prefix = SGLANG_PREFIX.match(message)
         body = message[prefix.end():] if prefix else message
         text = body.decode("utf-8", "replace").replace("\x00", "\ufffd")
+        kind = line_kind(text) if prefix is None else "prefixed"
+        if self.pending_block is not None:
+            # A finished traceback may still chain ("During handling of the above exception ...").
+            if kind == "chain":
+                self.pending_block = None
+            elif kind == "blank" and self.pending_grace > 0:
+                self.pending_grace -= 1
+                return True
+            else:
+                self._emit_block(self.pending_block)
+                self.pending_block = None
         if prefix is None:
-            kind = line_kind(text)
             if kind == "header":
                 header = HEADER.match(text)
                 block = Block(thread=header.group("thread"), target=header.group("target"), first_line=line_no,
@@ -204,7 +216,8 @@ class SourceScanner:
                         owner = finished if finished is not None else None
                         self._final_exception_event(text, line, line_no, offset, split, owner)
                     if finished is not None:
-                        self._emit_block(finished)
+                        self.pending_block = finished
+                        self.pending_grace = 3
                     return True
         matched = catalogue.classify(text)
         if matched is None or matched[0].id == "thread_death":
@@ -549,6 +562,9 @@ class SourceScanner:
             self.last_time = found
 
     def finish(self) -> SourceResult:
+        if self.pending_block is not None:
+            self._emit_block(self.pending_block)
+            self.pending_block = None
         for block in self.blocks.close_all():
             self._emit_block(block)
         return self.result

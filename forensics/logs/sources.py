@@ -114,8 +114,66 @@ def open_stream(source: LogSource):
     magic = handle.read(2)
     handle.seek(0)
     if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=handle, mode="rb")
+        return _GzipStream(handle, path)
     return handle
+
+
+class _GzipStream:
+    """Streaming gunzip that keeps every byte it could decompress when the file ends early.
+
+    (``gzip.GzipFile.read`` raises at a truncated end and drops what that call had
+    already decompressed.) Concatenated members, as logrotate and ``cat`` make, are read
+    one after the other.
+    """
+
+    def __init__(self, handle, path: Path) -> None:
+        self.handle = handle
+        self.path = path
+        self.decompressor = zlib.decompressobj(wbits=31)
+        self.pending = b""
+        self.finished = False
+
+    def read(self, size: int) -> bytes:
+        while len(self.pending) < size and not self.finished:
+            compressed = self.handle.read(1 << 20)
+            if not compressed:
+                self.finished = True
+                if not self.decompressor.eof:
+                    data, self.pending = self.pending, b""
+                    if data:
+                        self._truncated = True
+                        return data
+                    raise EOFError("compressed file ended before the end-of-stream marker was reached")
+                break
+            while compressed:
+                try:
+                    self.pending += self.decompressor.decompress(compressed)
+                except zlib.error as exc:
+                    self.finished = True
+                    data, self.pending = self.pending, b""
+                    if data:
+                        self.error = exc
+                        return data
+                    raise
+                if self.decompressor.eof:
+                    compressed = self.decompressor.unused_data
+                    if compressed and compressed[:2] == b"\x1f\x8b":
+                        self.decompressor = zlib.decompressobj(wbits=31)
+                    else:
+                        compressed = b""
+                else:
+                    compressed = b""
+        if getattr(self, "error", None) is not None and not self.pending:
+            error, self.error = self.error, None
+            raise error
+        if getattr(self, "_truncated", False) and not self.pending:
+            self._truncated = False
+            raise EOFError("compressed file ended before the end-of-stream marker was reached")
+        data, self.pending = self.pending[:size], self.pending[size:]
+        return data
+
+    def close(self) -> None:
+        self.handle.close()
 
 
 class _JournalStream:
