@@ -29,7 +29,18 @@ _LAZY = {
     "KVPOLL_NAMES": "forensics.sandbox.engine",
 }
 
-__all__ = ["SandboxError", "UnexpectedImport", *sorted(_LAZY)]
+__all__ = [
+    "KVPOLL_NAMES",
+    "STUB_RULES",
+    "DecodePeer",
+    "EngineSandbox",
+    "LoadedRelease",
+    "PrefillLoop",
+    "SandboxError",
+    "UnexpectedImport",
+    "load_release",
+    "rules_for",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
     from forensics.sandbox.decode import DecodePeer

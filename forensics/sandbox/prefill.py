@@ -13,6 +13,7 @@ runs it in a fresh interpreter.
 
 from __future__ import annotations
 
+import collections
 import inspect
 import logging
 import threading
@@ -151,9 +152,38 @@ def _common_manager_state(mgr, release_module, mode, *, socket, port: int, host:
         "waiting_timeout": _env_value(envs, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300),
         "heartbeat_interval": 5.0,
         "max_failures": 2,
+        # 0.5.18+: decode context parallelism, sharding, deferred ABORT_ACK bookkeeping.
+        "kv_cache_dtype_str": "auto",
+        "kv_layout": None,
+        "dsv41_spec_layout": None,
+        "_kv_replica_factor": 1,
+        "is_hybrid_mla_backend": False,
+        "_dcp_pack_buffers": None,
+        "_dcp_pack_max_tokens": None,
+        "state_tp_size": 1,
+        "dcp_size": 1,
+        "dcp_rank": 0,
+        "kv_shard_rank": 0,
+        "kv_shard_size": 1,
+        "_socket_send_locks": {},
+        "_staging_outstanding": collections.defaultdict(int),
+        "_deferred_ack_targets": {},
+        "_deferred_ack_poisoned_rooms": set(),
+        "defer_decode_allocation": False,
+        "_deferred_abort_ack_tracker": {},
+        "_deferred_abort_generation": 0,
+        "_heartbeat_shutdown": threading.Event(),
+        "_prepared_state_plans": {},
+        "_state_layout_rejections": {},
+        "_prepared_state_components": set(),
     }
     for name, value in values.items():
         setattr(mgr, name, value)
+    # As CommonKVManager.__init__ (0.5.19+): the release default, where the backend supports it.
+    mgr.enable_deferred_decode_kv_release = bool(
+        _env_value(envs, "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", False)
+        and getattr(mgr, "supports_deferred_decode_kv_release", False)
+    )
     kv_args.kv_data_mem_kinds = ["VRAM"] * len(kv_args.kv_data_ptrs)
 
 

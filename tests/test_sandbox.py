@@ -1,0 +1,168 @@
+"""Engine sandbox against real sglang wheels: the real bootstrap loop, real ZMQ, real NIXL agents."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from forensics.sandbox import EngineSandbox, SandboxError
+from forensics.sglang_source import fetch
+
+FAILED, BOOTSTRAPPING, WAITING = 0, 1, 2
+GUARD_MESSAGE = "First message should be b'NixlMsgGuard'. Foreign traffic?"
+ABORT_HANDLER_CALL = "                if self._handle_abort_notification(waiting_req_bytes):\n                    continue\n"
+
+
+def guard_line(conn_file: Path) -> int:
+    """Line of the GUARD comparison in a nixl/conn.py (what a 3.11 traceback points at)."""
+    lines = conn_file.read_text().splitlines()
+    hits = [i + 1 for i, line in enumerate(lines) if "waiting_req_bytes[0] == GUARD" in line]
+    assert len(hits) == 1, f"{conn_file}: expected one GUARD comparison, found {hits}"
+    return hits[0]
+
+
+@pytest.mark.timeout(120)
+def test_0_5_15_unpatched_dies_on_abort_and_strands_later_rooms():
+    source = fetch("0.5.15")
+    conn_file = source.backend_file("nixl")
+    with EngineSandbox(source, backend="nixl") as sb:
+        assert sb.endpoint.startswith("tcp://127.0.0.1:")
+        assert sb.info["nixl"].endswith("(real)")
+        assert sb.create_rooms([1, 2, 3, 4]) == {1: BOOTSTRAPPING, 2: BOOTSTRAPPING, 3: BOOTSTRAPPING, 4: BOOTSTRAPPING}
+
+        registration = sb.frames.registration()
+        sb.send(registration)
+        assert sb.settle() == "consumed"
+        assert sb.thread_alive()
+
+        sb.send(sb.frames.transfer_info(room=1))
+        assert sb.settle() == "consumed"
+        assert sb.room_states()[1] == WAITING
+
+        abort = sb.frames.abort(room=2)
+        assert abort[:2] == [b"ABORT", b"2"] and len(abort) == 4
+        sb.send(abort)
+        assert sb.settle() == "thread dead"
+        assert not sb.thread_alive()
+
+        sb.send(sb.frames.transfer_info(room=3))
+        sb.send(sb.frames.transfer_info(room=4))
+        assert sb.settle() == "thread dead"
+        assert sb.room_states() == {1: WAITING, 2: BOOTSTRAPPING, 3: BOOTSTRAPPING, 4: BOOTSTRAPPING}
+
+        [death] = sb.exceptions()
+        assert death["exc_type"] == "AssertionError"
+        assert death["message"] == GUARD_MESSAGE
+        assert death["thread"].endswith("(bootstrap_thread)")
+        assert death["bootstrap_thread"] is True
+        assert death["message_index"] == 3  # registration, transfer info, then the ABORT
+        assert death["file"] == str(conn_file)
+        assert death["line"] == guard_line(conn_file) == 2349
+        assert death["frames"][-1]["function"] == "bootstrap_thread"
+
+        stderr = sb.stderr_text()
+        assert "Exception in thread Thread-1 (bootstrap_thread):" in stderr
+        assert f'nixl/conn.py", line {guard_line(conn_file)}, in bootstrap_thread' in stderr
+        assert f"AssertionError: {GUARD_MESSAGE}" in stderr
+        messages = [r["message"] for r in sb.log_records()]
+        assert "room=1 is bootstrapped" in messages
+    # Teardown is not a death: only the ABORT's AssertionError is reported.
+    assert [e["exc_type"] for e in sb.exceptions()] == ["AssertionError"]
+    assert sb.thread_alive() is False
+
+
+@pytest.mark.timeout(120)
+def test_0_5_16_fails_aborted_room_but_dies_on_foreign_frame():
+    source = fetch("0.5.16")
+    with EngineSandbox(source) as sb:
+        sb.create_rooms([1, 2, 3, 4])
+        sb.send(sb.frames.registration())
+        sb.send(sb.frames.transfer_info(room=1))
+        sb.send(sb.frames.abort(room=2))
+        sb.send(sb.frames.transfer_info(room=3))
+        assert sb.settle() == "consumed"
+        assert sb.thread_alive()
+        assert sb.room_states() == {1: WAITING, 2: FAILED, 3: WAITING, 4: BOOTSTRAPPING}
+        assert any("Received abort notification for room 2, marked as Failed" in r["message"]
+                   for r in sb.log_records())
+
+        sb.send([b"FOREIGN", b"x"])
+        sb.send(sb.frames.transfer_info(room=4))
+        assert sb.settle() == "thread dead"
+        assert sb.room_states()[4] == BOOTSTRAPPING
+        [death] = sb.exceptions()
+        assert (death["exc_type"], death["message"]) == ("AssertionError", GUARD_MESSAGE)
+        assert death["message_index"] == 5
+        assert death["line"] == guard_line(source.backend_file("nixl"))
+    assert sb.exceptions(include_teardown=True)[-1]["exc_type"] == "AssertionError"
+
+
+@pytest.mark.timeout(120)
+def test_behaviour_follows_the_code_0_5_16_without_its_abort_handler_dies(tmp_path):
+    source = fetch("0.5.16")
+    original = source.backend_file("nixl").read_text()
+    assert original.count(ABORT_HANDLER_CALL) == 1
+    modified = tmp_path / "conn.py"
+    modified.write_text(original.replace(ABORT_HANDLER_CALL, ""))
+    with EngineSandbox(source, conn_file=modified) as sb:
+        assert sb.info["conn_module_file"] == str(modified)
+        sb.create_rooms([1, 2, 3])
+        sb.send(sb.frames.registration())
+        sb.send(sb.frames.transfer_info(room=1))
+        sb.send(sb.frames.abort(room=2))
+        sb.send(sb.frames.transfer_info(room=3))
+        assert sb.settle() == "thread dead"
+        assert sb.room_states() == {1: WAITING, 2: BOOTSTRAPPING, 3: BOOTSTRAPPING}
+        [death] = sb.exceptions()
+        assert death["message"] == GUARD_MESSAGE
+        assert death["file"] == str(modified)
+        assert death["line"] == guard_line(modified)
+
+
+# release -> (registration frame count, dies on the ABORT its own decode sends)
+RELEASES = {
+    "0.5.12.post1": (17, None),  # its decode sends no ABORT
+    "0.5.13": (18, True),
+    "0.5.15": (20, True),
+    "0.5.16": (20, False),
+    "0.5.18": (24, False),
+    "0.5.22": (24, False),
+    "0.5.23": (25, False),
+}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("version", sorted(RELEASES))
+def test_release_scenario(version):
+    registration_frames, dies_on_abort = RELEASES[version]
+    with EngineSandbox(fetch(version)) as sb:
+        sb.create_rooms([1, 2, 3])
+        registration = sb.frames.registration()
+        assert len(registration) == registration_frames
+        assert registration[:2] == [b"NixlMsgGuard", b"None"]
+        assert registration[2] == b"127.0.0.1"
+        transfer_info = sb.frames.transfer_info(room=1)
+        assert transfer_info[:3] == [b"NixlMsgGuard", b"1", b"127.0.0.1"]
+        assert transfer_info[4] == registration[4]  # the same decode agent name
+        sb.send(registration)
+        sb.send(transfer_info)
+        assert sb.settle() == "consumed"
+        assert sb.room_states()[1] == WAITING
+        if dies_on_abort is None:
+            with pytest.raises(SandboxError, match="_send_abort_notification"):
+                sb.frames.abort(room=2)
+            return
+        abort = sb.frames.abort(room=2)
+        assert abort == [b"ABORT", b"2", b"127.0.0.1", abort[3]] and abort[3].isdigit()
+        sb.send(abort)
+        sb.send(sb.frames.transfer_info(room=3))
+        status = sb.settle()
+        if dies_on_abort:
+            assert status == "thread dead"
+            assert sb.room_states() == {1: WAITING, 2: BOOTSTRAPPING, 3: BOOTSTRAPPING}
+            assert [e["message"] for e in sb.exceptions()] == [GUARD_MESSAGE]
+        else:
+            assert status == "consumed" and sb.thread_alive()
+            assert sb.room_states() == {1: WAITING, 2: FAILED, 3: WAITING}
+            assert sb.exceptions() == []
