@@ -38,23 +38,41 @@ Verdict = Literal["PASS", "FAIL", "INCONCLUSIVE"]
 @dataclass(frozen=True)
 class ScenarioStep:
     name: str
-    run: Callable  # (sandbox) -> None
+    run: Callable  # (sandbox) -> a note for the report, or None
+
+
+def _send_abort(sandbox, room: int) -> str | None:
+    """The release's own ABORT frame; before 0.5.13 (no sender) the 0.5.13 layout, built here."""
+    from forensics.sandbox import SandboxError
+
+    try:
+        sandbox.send(sandbox.frames.abort(room=room))
+        return None
+    except SandboxError as exc:
+        if "_send_abort_notification" not in str(exc):
+            raise
+    sandbox.send([b"ABORT", str(room).encode("ascii"), b"127.0.0.1", b"17000"])
+    return "this release's decode never sends ABORT; sent the 0.5.13 layout [b'ABORT', room, ip, port]"
 
 
 SCENARIO = (
-    ScenarioStep("create rooms 1-4", lambda sb: sb.create_rooms(list(ROOMS))),
-    ScenarioStep("register decode peer", lambda sb: sb.send(sb.frames.registration())),
-    ScenarioStep("bootstrap room 1", lambda sb: sb.send(sb.frames.transfer_info(room=1))),
-    ScenarioStep("ABORT room 2", lambda sb: sb.send(sb.frames.abort(room=2))),
-    ScenarioStep("bootstrap room 3", lambda sb: sb.send(sb.frames.transfer_info(room=3))),
-    ScenarioStep("foreign frame", lambda sb: sb.send(list(FOREIGN_FRAME))),
-    ScenarioStep("bootstrap room 4", lambda sb: sb.send(sb.frames.transfer_info(room=4))),
+    ScenarioStep("create rooms 1-4", lambda sb: sb.create_rooms(list(ROOMS)) and None),
+    ScenarioStep("register decode peer", lambda sb: sb.send(sb.frames.registration()) and None),
+    ScenarioStep("bootstrap room 1", lambda sb: sb.send(sb.frames.transfer_info(room=1)) and None),
+    ScenarioStep("ABORT room 2", lambda sb: _send_abort(sb, 2)),
+    ScenarioStep("bootstrap room 3", lambda sb: sb.send(sb.frames.transfer_info(room=3)) and None),
+    ScenarioStep("foreign frame", lambda sb: sb.send(list(FOREIGN_FRAME)) and None),
+    ScenarioStep("bootstrap room 4", lambda sb: sb.send(sb.frames.transfer_info(room=4)) and None),
 )
 ABORT_STEP = "ABORT room 2"
 
 
 def state_name(value: int | None) -> str:
     return "absent" if value is None else KVPOLL_NAMES.get(value, str(value))
+
+
+def _state_letter(value: int | None) -> str:
+    return "-" if value is None else KVPOLL_NAMES.get(value, "?")[0]
 
 
 @dataclass
@@ -64,10 +82,12 @@ class StepReport:
     room_states: dict[int, int]
     exceptions: list[dict] = field(default_factory=list)  # raised in the loop during this step
     logs: list[dict] = field(default_factory=list)  # INFO and above, produced during this step
+    note: str | None = None
 
     def to_dict(self) -> dict:
         return {
             "step": self.name,
+            "note": self.note,
             "thread_alive": self.thread_alive,
             "room_states": {str(k): state_name(v) for k, v in sorted(self.room_states.items())},
             "exceptions": [_exception_line(e) for e in self.exceptions],
@@ -92,6 +112,7 @@ class RunReport:
     kind: Literal["unpatched", "patched"]
     steps: list[StepReport] = field(default_factory=list)
     error: str | None = None  # the run could not be carried out (sandbox problem)
+    timings: dict[str, float] = field(default_factory=dict)  # start_s, scenario_s, close_s
 
     @property
     def died_at(self) -> str | None:
@@ -131,6 +152,7 @@ class RunReport:
             "death": self.death,
             "summary": self.summary(),
             "final_room_states": {str(k): state_name(v) for k, v in sorted(self.final_states.items())},
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "steps": [s.to_dict() for s in self.steps],
         }
 
@@ -212,23 +234,26 @@ class VerifyResult:
         from rich.text import Text
 
         style = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}[self.verdict]
-        table = Table(title=f"sglang {self.release}: bootstrap loop, unpatched vs patched")
-        table.add_column("step")
+        table = Table(
+            title=f"sglang {self.release}: bootstrap loop, unpatched vs patched",
+            caption="rooms 1 2 3 4: B Bootstrapping, W WaitingForInput, F Failed, T Transferring, S Success, - absent",
+        )
+        table.add_column("step", no_wrap=True)
         for kind in ("unpatched", "patched"):
-            table.add_column(f"{kind}: thread")
-            table.add_column(f"{kind}: rooms 1-4")
-            table.add_column(f"{kind}: exceptions", overflow="fold")
+            table.add_column(f"{kind}\nthread", no_wrap=True)
+            table.add_column("rooms\n1 2 3 4", no_wrap=True)
+            table.add_column("raised", min_width=14, overflow="fold")
         by_name = {kind: {s.name: s for s in run.steps} for kind, run in (("u", self.unpatched), ("p", self.patched))}
         for scenario_step in SCENARIO:
             cells = [scenario_step.name]
             for key in ("u", "p"):
                 step = by_name[key].get(scenario_step.name)
                 if step is None:
-                    cells += ["-", "-", "-"]
+                    cells += ["", "", ""]
                     continue
                 cells.append("[green]alive[/]" if step.thread_alive else "[red]DEAD[/]")
-                cells.append(" ".join(state_name(step.room_states.get(r))[:13] for r in ROOMS))
-                cells.append("; ".join(_exception_line(e) for e in step.exceptions)[:120])
+                cells.append(" ".join(_state_letter(step.room_states.get(r)) for r in ROOMS))
+                cells.append(", ".join(str(e.get("exc_type") or e.get("type") or "Exception") for e in step.exceptions))
             table.add_row(*cells)
         lines = [Text(self.headline(), style=style), table]
         lines += [Text(f"  {'ok ' if c.ok else 'BAD'} {c.name}: {c.detail}") for c in self.checks]
@@ -283,12 +308,15 @@ def run_scenario(source, conn_file: Path | None, kind: Literal["unpatched", "pat
     from forensics.sandbox import EngineSandbox, SandboxError
 
     report = RunReport(kind)
+    clock = time.perf_counter()
     try:
         with EngineSandbox(source, backend="nixl", conn_file=conn_file) as sandbox:
+            report.timings["start_s"] = time.perf_counter() - clock
+            clock = time.perf_counter()
             seen_exceptions = 0
             seen_logs = 0
             for step in SCENARIO:
-                step.run(sandbox)
+                note = step.run(sandbox)
                 sandbox.settle()
                 exceptions = sandbox.exceptions()
                 logs = sandbox.log_records()
@@ -299,9 +327,13 @@ def run_scenario(source, conn_file: Path | None, kind: Literal["unpatched", "pat
                         room_states={int(k): int(v) for k, v in sandbox.room_states().items()},
                         exceptions=exceptions[seen_exceptions:],
                         logs=[r for r in logs[seen_logs:] if _level(r) >= 20],
+                        note=note,
                     )
                 )
                 seen_exceptions, seen_logs = len(exceptions), len(logs)
+            report.timings["scenario_s"] = time.perf_counter() - clock
+            clock = time.perf_counter()
+        report.timings["close_s"] = time.perf_counter() - clock
     except SandboxError as exc:
         report.error = str(exc)
     return report
