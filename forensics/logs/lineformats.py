@@ -22,6 +22,9 @@ JOURNAL_ISO = re.compile(
 JOURNAL_PRECISE = re.compile(
     rb"((?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?) (\S+) ([^\s\[:]+)(?:\[(\d+)\])?: ?"
 )
+# Other libraries' own lines in a server's output, e.g. NIXL's
+# "2026-11-30 11:17:50 NIXL INFO    _api.py:405 Backend UCX was instantiated".
+LIBRARY_LINE = re.compile(rb"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)? \S+ +(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) ")
 JOURNAL_META = re.compile(rb"-- (?:Boot [0-9a-f]+ --|No entries --|Logs begin at|Journal begins at|Reboot --)")
 RANK_PART = re.compile(rb"([A-Z_]+?)(\d+)")
 

@@ -25,6 +25,7 @@ from forensics.logs.lineformats import (
     JOURNAL_ISO,
     JOURNAL_META,
     JOURNAL_PRECISE,
+    LIBRARY_LINE,
     MONTH_PREFIXES,
     SGLANG_PREFIX,
     UVICORN_ACCESS,
@@ -551,7 +552,7 @@ class SourceScanner:
         if not line.strip():
             return True
         if self.fmt == "plain":
-            return bool(SGLANG_PREFIX.match(line) or UVICORN_ACCESS.match(line))
+            return bool(SGLANG_PREFIX.match(line) or UVICORN_ACCESS.match(line) or LIBRARY_LINE.match(line))
         if JOURNAL_META.match(line):
             return True
         return split_line(line, self.fmt) is not None

@@ -103,7 +103,7 @@ def summarise(scan) -> Summary:
             probes_after = probes_after[probes_after["ts"] > real.iloc[-1]["ts"]]
         if len(probes_after) and "bootstrap_req" in probes_after:
             grow = probes_after["bootstrap_req"].dropna()
-            if len(grow):
+            if len(grow) and grow.iloc[-1] > grow.iloc[0]:
                 sentences.append(
                     f"After it only {len(probes_after)} one-token health-probe batches ran, with #bootstrap-req "
                     f"going {int(grow.iloc[0])} -> {int(grow.iloc[-1])}: requests pile up in the bootstrap queue.")

@@ -1,0 +1,65 @@
+"""Real journal files, written by systemd-journal-remote and read back through journalctl."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import forensics as fx
+from forensics.logs import incident as gen
+
+JOURNAL_REMOTE = Path("/lib/systemd/systemd-journal-remote")
+pytestmark = pytest.mark.skipif(
+    not JOURNAL_REMOTE.exists() or shutil.which("journalctl") is None,
+    reason="needs Debian's systemd-journal-remote and journalctl (./run test installs them as root)",
+)
+
+
+@pytest.fixture(scope="module")
+def journal_file(tmp_path_factory):
+    incident = gen.generate("0.5.15", steady_seconds=30, after_seconds=330)
+    directory = tmp_path_factory.mktemp("journal")
+    export = gen.write_journal_export(incident, directory / "pd.export")
+    output = directory / "pd.journal"
+    subprocess.run([str(JOURNAL_REMOTE), f"--output={output}", "--split-mode=none", str(export)],
+                   check=True, capture_output=True, timeout=120)
+    return incident, output
+
+
+def test_journal_file_gives_the_incident_with_journal_times(journal_file):
+    incident, path = journal_file
+    scan = fx.logs.scan(path)
+    assert scan.sources.iloc[0]["format"] == "json"
+    death = scan.events[scan.events["signature"] == "thread_death"].iloc[0]
+    assert death["thread"] == "Thread-5 (bootstrap_thread)"
+    assert death["ts"] == pd.Timestamp(incident.death_ts)
+    assert death["ts_source"] == "journal"
+    assert death["unit"] == "sglang-prefill.service" and death["role"] == "prefill"
+    assert death["host"] == "pd-node-1"
+    trigger = scan.events[scan.events["signature"] == "decode_transfer_aborted"].iloc[0]
+    assert trigger["room"] == incident.trigger_room and trigger["role"] == "decode"
+    assert sorted(scan.events.loc[scan.events["signature"] == "decode_transfer_timeout", "room"]) == sorted(
+        incident.timeout_rooms)
+    assert set(scan.batches["role"]) == {"prefill", "decode"}
+    assert scan.lines_unknown == 0
+
+
+def test_directory_of_journal_files(journal_file):
+    incident, path = journal_file
+    scan = fx.logs.scan(path.parent)
+    # the export text in the same directory is read as a file too; the journal is read via journalctl
+    journal_rows = scan.sources[scan.sources["format"] == "json"]
+    assert len(journal_rows) == 1
+    assert (scan.events["signature"] == "thread_death").sum() >= 1
+
+
+def test_a_file_that_is_not_a_journal_is_a_named_problem(tmp_path):
+    fake = tmp_path / "broken.journal"
+    fake.write_bytes(b"not a journal at all")
+    scan = fx.logs.scan(fake)
+    assert any(str(fake) in str(p) for p in scan.problems)
+    assert len(scan.events) == 0
