@@ -92,6 +92,9 @@ class DecodeScheduler:
         if req.is_health_probe:
             item.stage = "running"  # FakeKVReceiver: no bootstrap, no KV
             self.running.append(item)
+        elif self.rd.unsupported:
+            decode_log.error(f"twin: request {req.rid} refused: {self.rd.unsupported}")
+            self._finish(item, error=self.rd.unsupported)
         else:
             item.receiver = self.rd.receiver(req.bootstrap_addr, req.bootstrap_room)
             self.prealloc_queue.append(item)

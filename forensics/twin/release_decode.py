@@ -76,6 +76,7 @@ class ReleaseDecode:
         self.sends_abort = hasattr(self.common.CommonKVReceiver, "_send_abort_notification") or hasattr(
             self.common.CommonKVReceiver, "ensure_abort_notified"
         )
+        self.unsupported: str | None = None
         manager_class = self.conn.NixlKVManager
         mgr = manager_class.__new__(manager_class)
         decode_mode = release.module("sglang.srt.disaggregation.utils").DisaggregationMode.DECODE
@@ -97,7 +98,7 @@ class ReleaseDecode:
             "request_status": {}, "failure_records": {}, "failure_lock": threading.Lock(),
             "addr_to_rooms_tracker": defaultdict(set), "connection_pool": {}, "prefill_info_table": {},
             "required_prefill_response_num_table": {}, "prefill_response_tracker": defaultdict(set),
-            "transfer_statuses": defaultdict(self.conn.TransferStatus), "waiting_timeout": waiting_timeout,
+            "transfer_statuses": defaultdict(self._transfer_status_class() or dict), "waiting_timeout": waiting_timeout,
             "connection_lock": threading.Lock(), "defer_decode_allocation": False, "deferred_bootstrap": None,
             "enable_all_cp_ranks_for_transfer": False,
         }
@@ -107,6 +108,19 @@ class ReleaseDecode:
         self._sockets: dict[str, tuple[zmq.Socket, threading.Lock]] = {}
         self._ctx = zmq.Context.instance()
         self.registered: set[str] = set()
+
+    def _transfer_status_class(self) -> type | None:
+        """The release's NIXL ``TransferStatus``; None (and ``self.unsupported`` says why) when the
+        release tracks transfers another way (0.5.23 reports KV status over ZMQ)."""
+        for module in (self.conn, self.common):
+            found = getattr(module, "TransferStatus", None)
+            if found is not None:
+                return found
+        self.unsupported = (
+            f"the twin's decode cannot yet drive sglang {self.release.version}'s NIXL receiver "
+            "(no TransferStatus / NIXL-notification tracking in nixl/conn.py); the prefill side runs for real"
+        )
+        return None
 
     # ------------------------------------------------------------------ sockets
 

@@ -1,0 +1,131 @@
+"""Fixed releases survive the kill; 0.5.23 still dies on a foreign frame unless patched; bad input; down."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import psutil
+import pytest
+import zmq
+from twin_helpers import kill_client_during_transfer_wait, twin_state, wait_until
+
+import forensics.twin as twin_api
+from forensics.exitcodes import EnvironmentProblem
+from forensics.twin import processes
+
+pytestmark = [pytest.mark.server]
+TEST_SETTINGS = {"prefill_rate_tps": 400.0, "decode_rate_tps": 50.0}
+
+
+def _send_foreign_frame(twin) -> int:
+    state = twin_state(twin.prefill)
+    before = state["frames_consumed"]
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.connect(state["zmq_endpoint"])
+        sock.send_multipart([b"FOREIGN", b"traffic"])
+        sock.close()
+    finally:
+        ctx.term()
+    wait_until(lambda: twin_state(twin.prefill)["frames_consumed"] > before, 10, "the loop to take the frame")
+    return before
+
+
+@pytest.mark.timeout(180)
+def test_fixed_release_survives_the_kill_and_down_leaves_nothing(tmp_path, leak_guard):
+    twin = twin_api.up("0.5.16", waiting_timeout=15, directory=tmp_path, **TEST_SETTINGS)
+    pids = [twin.pid(role) for role in processes.ROLE_ORDER]
+    try:
+        kill_client_during_transfer_wait(twin)
+        assert "Sent abort notification for room" in twin.log_text("decode")
+        response = httpx.post(twin.router + "/generate", json={"text": "after the kill", "sampling_params":
+                                                               {"max_new_tokens": 2}}, timeout=30)
+        assert response.status_code == 200 and response.json()["meta_info"]["kv_intact"] is True
+        assert twin_state(twin.prefill)["bootstrap_thread_alive"] is True
+        assert "Foreign traffic?" not in twin.log_text("prefill")
+    finally:
+        stopped = twin.down()
+    assert stopped == ["router", "decode", "prefill"]
+    assert not any(psutil.pid_exists(pid) and processes.alive(pid) for pid in pids)
+    inventory = str(twin.inventory_path)
+    survivors = [p.pid for p in psutil.process_iter(["cmdline"]) if inventory in " ".join(p.info["cmdline"] or [])]
+    assert survivors == []
+    # (other suites on this machine may reuse the freed ports at once, so a port check proves nothing)
+    assert all(not list(twin.directory.glob(f"{role}.pid")) for role in processes.ROLE_ORDER)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("patched", [False, True], ids=["unpatched", "patched"])
+def test_release_0_5_23_foreign_frame(tmp_path, patched):
+    twin = twin_api.up("0.5.23", patched=patched, directory=tmp_path, **TEST_SETTINGS)
+    try:
+        _send_foreign_frame(twin)
+        log = twin.log_text("prefill")
+        if patched:
+            assert twin_state(twin.prefill)["bootstrap_thread_alive"] is True
+            assert "Foreign traffic?" not in log
+        else:
+            wait_until(lambda: twin_state(twin.prefill)["bootstrap_thread_alive"] is False, 10, "the thread to die")
+            log = twin.log_text("prefill")
+            assert "prefill bootstrap_thread died on engine_rank=0" in log
+            assert "Exception in thread Thread-1 (bootstrap_thread_guarded):" in log
+            assert "AssertionError: First message should be b'NixlMsgGuard'. Foreign traffic?" in log
+    finally:
+        twin.down()
+
+
+def test_busy_port_is_a_clear_error_and_nothing_runs(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(EnvironmentProblem, match=rf"port {port} \(router\) on 127.0.0.1 is already in use"):
+            twin_api.up("0.5.15", base_port=port, directory=tmp_path)
+    assert not list(tmp_path.glob("*.pid"))
+
+
+def test_release_that_cannot_be_fetched_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PD_FORENSICS_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens there
+    monkeypatch.setenv("PIP_NO_INDEX", "0")
+    with pytest.raises(EnvironmentProblem, match=r"could not fetch sglang 0\.5\.99"):
+        twin_api.up("0.5.99", directory=tmp_path / "twin")
+    assert not (tmp_path / "twin").exists() or not list((tmp_path / "twin").glob("*.pid"))
+
+
+def test_release_without_the_backend_is_a_clear_error(tmp_path):
+    with pytest.raises(EnvironmentProblem, match=r"sglang 0\.5\.1 has no mori backend"):
+        twin_api.up("0.5.1", backend="mori", directory=tmp_path)
+    with pytest.raises(EnvironmentProblem, match=r"NIXL backend only \(got --backend mooncake\)"):
+        twin_api.up("0.5.15", backend="mooncake", directory=tmp_path)
+
+
+@pytest.mark.timeout(120)
+def test_cli_up_status_down_json(tmp_path):
+    forensics = [sys.executable, "-m", "forensics"]
+    up = subprocess.run([*forensics, "twin", "up", "--sglang", "0.5.16", "--dir", str(tmp_path), "--json"],
+                        capture_output=True, text=True, timeout=90)
+    assert up.returncode == 0, up.stderr
+    data = json.loads(up.stdout)
+    try:
+        assert {"router", "prefill", "decode", "inventory"} <= set(data)
+        assert data["router"].startswith("http://127.0.0.1:")
+        status = subprocess.run([*forensics, "twin", "status", "--inventory", data["inventory"], "--json"],
+                                capture_output=True, text=True, timeout=60)
+        report = json.loads(status.stdout)
+        assert status.returncode == 0 and report["healthy"] is True
+        assert report["roles"]["prefill"]["bootstrap_thread_alive"] is True
+    finally:
+        down = subprocess.run([*forensics, "twin", "down", "--inventory", data["inventory"], "--json"],
+                              capture_output=True, text=True, timeout=60)
+    assert json.loads(down.stdout)["stopped"] == ["router", "decode", "prefill"]
+    bad = subprocess.run([*forensics, "twin", "up", "--sglang", "0.5.1", "--backend", "mooncake", "--dir",
+                          str(tmp_path / "bad"), "--json"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 4 and "NIXL backend only" in bad.stderr and bad.stdout == ""
