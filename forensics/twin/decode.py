@@ -26,6 +26,7 @@ import json
 import logging
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -82,6 +83,8 @@ class DecodeScheduler:
         self.tokens_since_log = 0
         self.last_log_time = time.monotonic()
         self.aux_free = list(range(release_decode.aux.num_pages))
+        # Arrival to KV verified (bootstrap + prefill forward + NIXL WRITE + notification), for benchmarks.
+        self.recent_control_path_ms: deque[float] = deque(maxlen=1000)
         self.counters = {"kv_intact": 0, "kv_mismatch": 0, "transfer_failed": 0, "handshake_failed": 0,
                          "aborts_sent_by_release": 0, "aborted": 0, "finished": 0}
 
@@ -238,7 +241,9 @@ class DecodeScheduler:
                 self._release(item)
                 item.stage = "running"
                 self.running.append(item)
-                self.metrics.observe_stage("decode_transferred", time.monotonic() - item.entered)
+                control_path = time.monotonic() - item.entered
+                self.metrics.observe_stage("decode_transferred", control_path)
+                self.recent_control_path_ms.append(round(control_path * 1000, 3))
             elif state == self.KVPoll.Failed:
                 decode_log.error(
                     f"Decode transfer failed for request rank=0 decode_req.req.rid={item.req.rid!r} "
@@ -440,6 +445,7 @@ class DecodeServer:
                     "running": len(sched.running),
                     "counters": dict(sched.counters),
                     "free_pages": self.pool.free_pages,
+                    "recent_control_path_ms": list(sched.recent_control_path_ms),
                     "waiting_timeout_s": self.settings.waiting_timeout_s,
                     "release_sends_abort": self.rd.sends_abort,
                     "uptime_s": round(time.time() - self.started, 3),
