@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from forensics.sandbox import EngineSandbox, SandboxError
+from forensics.sandbox import EngineSandbox, SandboxError, rules_for
 from forensics.sglang_source import fetch
 
 FAILED, BOOTSTRAPPING, WAITING = 0, 1, 2
@@ -137,6 +137,9 @@ RELEASES = {
 def test_release_scenario(version):
     registration_frames, dies_on_abort = RELEASES[version]
     with EngineSandbox(fetch(version)) as sb:
+        # The stub table is minimal: every rule that applies to this release was needed.
+        assert set(sb.info["stubbed"].values()) == {rule.module for rule in rules_for(version)}
+        assert sb.info["agent"] == "nixl (real, UCX, host memory)"
         sb.create_rooms([1, 2, 3])
         registration = sb.frames.registration()
         assert len(registration) == registration_frames
@@ -166,3 +169,29 @@ def test_release_scenario(version):
             assert status == "consumed" and sb.thread_alive()
             assert sb.room_states() == {1: WAITING, 2: FAILED, 3: WAITING}
             assert sb.exceptions() == []
+
+
+@pytest.mark.timeout(120)
+def test_an_import_outside_the_real_and_stub_lists_fails_loudly(tmp_path):
+    source = fetch("0.5.15")
+    patched = tmp_path / "conn.py"
+    original = source.backend_file("nixl").read_text()
+    anchor = "import numpy as np\n"
+    assert original.count(anchor) == 1
+    patched.write_text(
+        original.replace(anchor, anchor + "import sglang.srt.model_executor.forward_batch_info  # in no list\n")
+    )
+    import_line = patched.read_text().splitlines().index(
+        "import sglang.srt.model_executor.forward_batch_info  # in no list") + 1
+    with pytest.raises(SandboxError) as caught:
+        EngineSandbox(source, conn_file=patched)
+    message = str(caught.value)
+    assert "sglang.srt.model_executor" in message
+    assert f"imported by sglang.srt.disaggregation.nixl.conn (conn.py:{import_line})" in message
+    assert "UnexpectedImport" in message
+
+
+@pytest.mark.timeout(60)
+def test_a_missing_conn_file_is_a_sandbox_error(tmp_path):
+    with pytest.raises(SandboxError, match="does not exist"):
+        EngineSandbox(fetch("0.5.15"), conn_file=tmp_path / "absent.py")

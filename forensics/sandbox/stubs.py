@@ -35,22 +35,19 @@ class StubRule:
 
 ALL = ">=0"
 
-# Keep this table minimal: tests/test_sandbox_stubs.py checks that every rule that applies
-# to a tested release is actually imported by it.
+# Release ranges come from loading every 0.5.x wheel (the slow sweep). Keep the table minimal:
+# tests/test_sandbox.py checks that each tested release imports exactly the rules that apply.
 STUB_RULES: tuple[StubRule, ...] = (
     StubRule("torch", ALL, "no torch on a CPU sandbox; only type hints and dist groups use it here"),
     StubRule("sglang.srt.server_args", ALL, "the full CLI/server config; the sandbox passes its own values"),
     StubRule("sglang.srt.utils", ALL, "CUDA/NPU probes and network helpers that pull in torch"),
-    StubRule("sglang.srt.distributed", ALL, "torch.distributed process groups"),
-    StubRule("sglang.srt.layers", ALL, "attention TP/DP rank getters (the sandbox sets ranks itself)"),
-    StubRule("sglang.srt.observability", ">=0.5.12", "request tracing (OpenTelemetry)"),
-    StubRule("sglang.srt.debug_utils", ALL, "CUDA core-dump env injection imported by environ.py"),
-    StubRule("sglang.srt.managers", ALL, "scheduler types, imported for type hints and abort reasons"),
-    StubRule("sglang.srt.mem_cache", ALL, "GPU memory pools"),
-    StubRule("sglang.srt.hardware_backend", ALL, "NPU/GPU backends"),
-    StubRule("sglang.srt.metrics", ALL, "Prometheus collectors of the scheduler"),
-    StubRule("sglang.srt.configs", ">=0.5.16", "model configs (transformers), for a model-type check"),
+    StubRule("sglang.srt.distributed", ">=0.5.3,!=0.5.21", "torch.distributed process groups"),
+    StubRule("sglang.srt.layers", ">=0.5.3,<0.5.21", "attention TP/DP rank getters (the sandbox sets ranks itself)"),
+    StubRule("sglang.srt.debug_utils", ">=0.5.9,<0.5.18", "CUDA core-dump env injection imported by environ.py"),
+    StubRule("sglang.srt.observability", ">=0.5.13", "request tracing (OpenTelemetry)"),
+    StubRule("sglang.srt.configs", ">=0.5.15.post1", "model configs (transformers), for a model-type check"),
     StubRule("sglang.srt.runtime_context", ">=0.5.16", "parallel-rank getters, read only by the managers' __init__"),
+    StubRule("sglang.srt.mem_cache", ">=0.5.23", "GPU memory pools (a KV-slot helper)"),
 )
 
 
