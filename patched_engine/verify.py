@@ -198,6 +198,17 @@ class VerifyResult:
     def unpatched_dies_on_abort(self) -> bool:
         return self.unpatched.died_at == ABORT_STEP
 
+    @property
+    def abort_from_release_decode(self) -> bool:
+        """Whether the ABORT frame came from this release's own decode code (0.5.13+)."""
+        step = next((s for s in self.unpatched.steps if s.name == ABORT_STEP), None)
+        return step is not None and step.note is None
+
+    @property
+    def vulnerable(self) -> bool:
+        """Same-version P/D is wedged by its own decode's ABORT: the incident's window, from behaviour."""
+        return self.unpatched_dies_on_abort and self.abort_from_release_decode
+
     def to_dict(self) -> dict:
         return {
             "release": self.release,
@@ -206,6 +217,8 @@ class VerifyResult:
             "reasons": self.reasons,
             "elapsed_s": round(self.elapsed_s, 3),
             "unpatched_dies_on_abort": self.unpatched_dies_on_abort,
+            "abort_from_release_decode": self.abort_from_release_decode,
+            "vulnerable": self.vulnerable,
             "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in self.checks],
             "patch_steps": self.patch_steps,
             "runs": {"unpatched": self.unpatched.to_dict(), "patched": self.patched.to_dict()},

@@ -79,10 +79,9 @@ def apply_command(path: str, yes: bool, backup_dir: str | None, as_json: bool) -
     if as_json:
         _emit_json({"ok": True, **result.to_dict()})
     else:
-        console = _console()
-        console.print(result)
+        _console().print(result)
         if result.status == "planned":
-            console.print(result.plan.patch.diff, markup=False, highlight=False)
+            sys.stdout.write(result.plan.patch.diff)  # verbatim: never wrapped or highlighted
     sys.exit(GOOD)
 
 
