@@ -38,6 +38,9 @@ KINDS = (
     "mutated-transfer-info",
     "guard-only",
 )
+# 1 MiB frames cost the loop ~30 ms each (decoding and int() of a megabyte "room"); drawn
+# rarely so that a soak measures the loop, not memcpy.
+DEFAULT_WEIGHTS = {kind: (0.05 if kind == "oversize" else 1.0) for kind in KINDS}
 
 
 def with_room(template: list[bytes], room: int) -> list[bytes]:
@@ -53,6 +56,7 @@ class HostileFrames:
 
     template: list[bytes]
     seed: int = 0
+    weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     rng: random.Random = field(init=False)
     next_room: int = field(init=False, default=HOSTILE_ROOMS_START)
 
@@ -67,7 +71,7 @@ class HostileFrames:
         return self.rng.randbytes(self.rng.randint(0, max_len))
 
     def frame(self, kind: str | None = None) -> tuple[str, list[bytes]]:
-        kind = kind or self.rng.choice(KINDS)
+        kind = kind or self.rng.choices(KINDS, weights=[self.weights.get(k, 0.0) for k in KINDS])[0]
         return kind, getattr(self, "_" + kind.replace("-", "_"))()
 
     def __iter__(self) -> Iterator[tuple[str, list[bytes]]]:
@@ -147,3 +151,85 @@ def describe_frame(frame: list[bytes], limit: int = 48) -> dict:
         "sizes": [len(p) for p in frame],
         "head": [p[:limit].decode("latin-1") for p in frame[:6]],
     }
+
+
+class FuzzSession:
+    """Many frames through one long-lived :class:`~forensics.sandbox.EngineSandbox`.
+
+    Frames go straight from a PUSH socket here to the loop's PULL endpoint (real ZMQ, no
+    pipe round trip per frame); ``settle`` then asks the sandbox to wait until the loop has
+    consumed everything sent so far, from both senders.
+    """
+
+    def __init__(self, sandbox, *, template_room: int = 999_999) -> None:
+        import zmq
+
+        self.sandbox = sandbox
+        self.template = sandbox.frames.transfer_info(room=template_room)
+        self.registration = sandbox.frames.registration()
+        self.sandbox_sent = sandbox.send(self.registration)
+        sandbox.settle()
+        self.context = zmq.Context()
+        self.push = self.context.socket(zmq.PUSH)
+        self.push.setsockopt(zmq.LINGER, 0)
+        self.push.setsockopt(zmq.SNDHWM, 0)
+        self.push.connect(sandbox.endpoint)
+        self.sent = 0  # by this session's socket
+        self.next_room = WELL_FORMED_ROOMS_START
+        self.tally = FuzzTally()
+        self.recent: dict[int, tuple[str, list[bytes]]] = {}  # global message index -> frame, since last settle
+
+    @property
+    def total_sent(self) -> int:
+        return self.sandbox_sent + self.sent
+
+    def fresh_rooms(self, count: int) -> list[int]:
+        """Rooms created on the prefill by the release's sender (Bootstrapping), for well-formed frames."""
+        rooms = list(range(self.next_room, self.next_room + count))
+        self.next_room += count
+        if rooms:
+            self.sandbox.create_rooms(rooms)
+            self.tally.well_formed_rooms.extend(rooms)
+        return rooms
+
+    def well_formed(self, room: int) -> list[bytes]:
+        return with_room(self.template, room)
+
+    def send(self, kind: str, frame: list[bytes]) -> None:
+        self.push.send_multipart(frame)
+        self.sent += 1
+        self.recent[self.total_sent] = (kind, frame)
+        self.tally.count(kind)
+
+    def settle(self, timeout: float = 60.0) -> bool:
+        """Wait until the loop consumed everything; returns whether the thread is alive.
+
+        On the first death, records which frame killed it (the sandbox reports how many
+        messages the loop had received when the exception was raised).
+        """
+        status = self.sandbox.settle(timeout, expected=self.total_sent)
+        alive = status == "consumed"
+        if not alive and self.tally.first_killing_frame is None:
+            self.tally.deaths += 1
+            exceptions = self.sandbox.exceptions()
+            record = exceptions[0] if exceptions else {}
+            index = record.get("message_index")
+            kind, frame = self.recent.get(index, ("unknown", []))
+            self.tally.first_killing_frame = {
+                "message_index": index,
+                "kind": kind,
+                "frame": describe_frame(frame),
+                "exception": f"{record.get('exc_type')}: {record.get('message')}",
+                "line": f"{record.get('file')}:{record.get('line')}",
+            }
+        self.recent.clear()
+        return alive
+
+    def rooms_not_bootstrapped(self, rooms: list[int]) -> dict[int, int | None]:
+        """Well-formed rooms whose state is not WaitingForInput (2), with the state found."""
+        states = self.sandbox.room_states()
+        return {room: states.get(room) for room in rooms if states.get(room) != 2}
+
+    def close(self) -> None:
+        self.push.close(linger=0)
+        self.context.term()
