@@ -13,6 +13,7 @@ Speed comes from not visiting most lines in Python at all:
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from forensics.logs.lineformats import (
     parse_ranks,
     split_line,
 )
+from forensics.logs.prefilter import LiteralPrefilter
 from forensics.logs.schema import RAW_LIMIT
 from forensics.logs.sources import Chunk, LogSource, Problem
 from forensics.logs.tracebacks import HEADER, Block, BlockTracker, line_kind
@@ -87,7 +89,12 @@ class SourceScanner:
         self.shapes: dict[tuple[bytes, bytes], batchlines.Shape | None] = {}
         self.batch_re = _combined(fmt if fmt != "json" else "plain", batchlines.HEADER.pattern)
         self.access_re = re.compile(_JOURNAL_PREFIX.get(fmt, b"") + UVICORN_ACCESS.pattern)
-        self.literals = catalogue.literals() + (TRACEBACK_LITERAL,)
+        literals = catalogue.literals() + (TRACEBACK_LITERAL,)
+        if fmt == "json":
+            # The message is a JSON string there: look for each literal as JSON writes it.
+            literals = tuple(json.dumps(lit.decode())[1:-1].encode() for lit in literals)
+        # One pass over a chunk for all literals (Hyperscan where installed), not one per literal.
+        self.prefilter = LiteralPrefilter(literals)
         self.last_time: tuple[str, object] | None = None  # (kind, value) of the last timed line
         self.last_minute: bytes | None = None
         self.pending_times: list[dict] = []  # events still waiting for a time from a later line
@@ -109,14 +116,9 @@ class SourceScanner:
         consumed: set[int] = set()
         slow_known = 0  # untimed lines the slow path recognised (traceback parts)
         # 1. Rare lines: every catalogue literal, then the traceback lines that follow.
-        starts = set()
+        starts = set(self.prefilter.line_starts(data))
         if self.blocks.active or self.pending_block is not None:
             starts.add(0)
-        for literal in self.literals:
-            position = data.find(literal)
-            while position >= 0:
-                starts.add(data.rfind(b"\n", 0, position) + 1)
-                position = data.find(literal, data.find(b"\n", position) + 1)
         line_no = self.line_base  # lines before last_position
         last_position = 0
         for start in sorted(starts):
@@ -445,7 +447,12 @@ class SourceScanner:
         frame.insert(1, "ts_source", ts_source)
         frame.insert(2, "kind", bucket.shape.kind)
         rank_cache: dict[bytes, tuple] = {}
-        ranks = [rank_cache.setdefault(r, parse_ranks(r)) for r in bucket.ranks]
+        ranks = []
+        for text in bucket.ranks:
+            parsed = rank_cache.get(text)
+            if parsed is None:
+                parsed = rank_cache[text] = parse_ranks(text)
+            ranks.append(parsed)
         ranks_array = np.array([[np.nan if v is None else v for v in r] for r in ranks], dtype=float) \
             if ranks else np.empty((0, 3))
         frame["dp_rank"] = ranks_array[:, 0]
@@ -454,7 +461,9 @@ class SourceScanner:
         frame["iter"] = [float(i) if i else np.nan for i in bucket.iters]
         if bucket.origins:
             names: dict = {}
-            hosts, units = zip(*(names.setdefault(o, tuple(_text(x) for x in o)) for o in bucket.origins))
+            for origin in set(bucket.origins):
+                names[origin] = tuple(_text(x) for x in origin)
+            hosts, units = zip(*(names[o] for o in bucket.origins))
             frame["host"] = pd.Series(hosts, dtype="string")
             frame["unit"] = pd.Series(units, dtype="string")
         return frame
