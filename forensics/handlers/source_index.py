@@ -76,6 +76,10 @@ class SourceIndex:
         self.files: dict[str, ParsedFile] = {}
         self.classes: dict[str, ClassInfo] = {}
         self.classes_by_name: dict[str, list[ClassInfo]] = {}
+        # name -> calls of it (``x.name(...)``, ``name(...)``, ``Thread(target=...name)``), built once
+        self.calls_by_name: dict[str, list[tuple[ast.Call, ParsedFile]]] = {}
+        self.target_refs: dict[str, list[tuple[ast.Call, ParsedFile]]] = {}
+        self._class_of: dict[int, ClassInfo | None] = {}
         self.gaps: list[Gap] = []
 
     # ------------------------------------------------------------------ loading
@@ -111,6 +115,15 @@ class SourceIndex:
         for parent in ast.walk(tree):
             for child in ast.iter_child_nodes(parent):
                 parsed.parents[child] = parent
+            if isinstance(parent, ast.Call):
+                func = parent.func
+                called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+                if called:
+                    self.calls_by_name.setdefault(called, []).append((parent, parsed))
+                for keyword in parent.keywords:
+                    if keyword.arg == "target":
+                        name = ast.unparse(keyword.value).split(".")[-1]
+                        self.target_refs.setdefault(name, []).append((parent, parsed))
         for statement in tree.body:
             if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
                 target = statement.targets[0]
@@ -152,7 +165,7 @@ class SourceIndex:
 
     # ------------------------------------------------------------------ lookups
 
-    def file_of(self, node: ast.AST) -> ParsedFile:
+    def file_of(self, node: ast.AST) -> ParsedFile:  # noqa: D102 - linear, used only on outcomes
         for parsed in self.files.values():
             if node in parsed.parents or node is parsed.tree:
                 return parsed
@@ -248,10 +261,15 @@ class SourceIndex:
         return ".".join(names)
 
     def enclosing_class(self, node: ast.AST, parsed: ParsedFile) -> ClassInfo | None:
-        for outer in self.enclosing(node, parsed):
-            if isinstance(outer, ast.ClassDef):
-                return self.lookup_class(outer.name, parsed)
-        return None
+        key = id(node)
+        if key not in self._class_of:
+            found = None
+            for outer in self.enclosing(node, parsed):
+                if isinstance(outer, ast.ClassDef):
+                    found = self.lookup_class(outer.name, parsed)
+                    break
+            self._class_of[key] = found
+        return self._class_of[key]
 
     def functions(self) -> list[tuple[ParsedFile, ast.FunctionDef]]:
         found = []

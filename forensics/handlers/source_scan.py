@@ -267,24 +267,18 @@ def _calls_to(
     if owner is not None:
         related = {info.name for info in index.mro(owner.name, owner.file)}
     found = []
-    for parsed in index.files.values():
-        for node in ast.walk(parsed.tree):
-            if not isinstance(node, ast.Call):
-                continue
-            func = node.func
-            called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
-            hit = called == name
-            if hit and related is not None and isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
-                    and func.value.id == "self":
-                caller_class = index.enclosing_class(node, parsed)
-                if caller_class is not None:
-                    caller_chain = {info.name for info in index.mro(caller_class.name, caller_class.file)}
-                    hit = bool(related & caller_chain) and (owner.name in caller_chain or caller_class.name in related)
-            if hit:
-                found.append((node, parsed))
-            for keyword in node.keywords:
-                if keyword.arg == "target" and ast.unparse(keyword.value).split(".")[-1] == name:
-                    found.append((node, parsed))
+    for node, parsed in index.calls_by_name.get(name, []):
+        func = node.func
+        hit = True
+        if related is not None and isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+                and func.value.id == "self":
+            caller_class = index.enclosing_class(node, parsed)
+            if caller_class is not None:
+                caller_chain = {info.name for info in index.mro(caller_class.name, caller_class.file)}
+                hit = bool(related & caller_chain) and (owner.name in caller_chain or caller_class.name in related)
+        if hit:
+            found.append((node, parsed))
+    found.extend(index.target_refs.get(name, []))
     return found
 
 
@@ -594,9 +588,18 @@ def _direct_role(index: SourceIndex, function: ast.FunctionDef, parsed: ParsedFi
             return PREFILL
     for loop in loops:
         scope = loop.starter or loop.code.function
-        if loop.role and (function is scope or any(function is n for n in ast.walk(scope))):
+        if loop.role and (function is scope or _inside(parsed, function, scope)):
             return loop.role
     return None
+
+
+def _inside(parsed: ParsedFile, node: ast.AST, scope: ast.AST) -> bool:
+    current = parsed.parents.get(node)
+    while current is not None:
+        if current is scope:
+            return True
+        current = parsed.parents.get(current)
+    return False
 
 
 def sender_role(index: SourceIndex, function: ast.FunctionDef, parsed: ParsedFile,
@@ -772,7 +775,7 @@ def has_bootstrap_timeout(index: SourceIndex, classes: BackendClasses) -> bool |
     visited: set[int] = set()
     for _ in range(3):
         next_round = []
-        for info, method in pending:
+        for _owner, method in pending:
             if id(method) in visited:
                 continue
             visited.add(id(method))

@@ -1,0 +1,73 @@
+"""The handler map: which message tags each backend's receiver loop handles, per release.
+
+``map_release(source)`` maps one release or fork; ``diff(release, "nixl", "mooncake")``
+puts two backends' loops side by side by tag; ``matrix(releases)`` maps many releases
+into one DataFrame with a heatmap; ``check(source)`` is the CI gate (findings or not).
+
+Everything is read from the release's own source with ``ast``; the vulnerable window
+comes out of the analysis, not from a table of versions.
+"""
+
+from __future__ import annotations
+
+from forensics.handlers.model import CRITICAL, WARNING, Finding, Gap
+
+__all__ = [
+    "CRITICAL",
+    "WARNING",
+    "Finding",
+    "Gap",
+    "check",
+    "diff",
+    "map_release",
+    "matrix",
+    "resolve_source",
+]
+
+
+def resolve_source(release):
+    """A release number, a directory, ``installed`` or an ``SglangSource`` as an ``SglangSource``."""
+    from forensics.sglang_source import SglangSource, resolve
+
+    return release if isinstance(release, SglangSource) else resolve(str(release))
+
+
+def map_release(release):
+    """The :class:`~forensics.handlers.handler_map.HandlerMap` of one release or source tree."""
+    from forensics.handlers.handler_map import build
+
+    return build(resolve_source(release))
+
+
+def diff(release, a: str = "nixl", b: str = "mooncake", *, confirm: bool = False):
+    """Two backends' loops aligned by tag (a :class:`~forensics.handlers.diff.HandlerDiff`).
+
+    With ``confirm=True`` each critical NIXL prefill finding is replayed in the engine
+    sandbox and its word ("died: ...", "survived", "not confirmed (...)") is shown beside
+    the static verdict.
+    """
+    from forensics.handlers.diff import build_diff
+
+    source = resolve_source(release)
+    handler_map = map_release(source)
+    findings = handler_map.findings
+    if confirm:
+        from forensics.handlers.confirm import confirm as replay
+
+        findings = replay(handler_map, source, [f for f in findings if f.backend in (a, b)])
+    return build_diff(handler_map, a, b, findings)
+
+
+def matrix(releases=None, **options):
+    """Per release x backend (default: every 0.5.x release on PyPI): see :mod:`forensics.handlers.matrix`."""
+    from forensics.handlers.matrix import matrix as build_matrix
+    from forensics.sglang_source import available_releases
+
+    if releases is None:
+        releases = available_releases("0.5.1", "0.5.23")
+    return build_matrix(releases, **options)
+
+
+def check(release) -> list[Finding]:
+    """Every finding in a release or fork; empty means clean (the CLI exits 1 otherwise)."""
+    return map_release(release).findings

@@ -1,0 +1,190 @@
+"""The release matrix: per release x backend, what the map says, and a heatmap of it.
+
+Each row is computed from that release's own source (``build``); the vulnerable window is
+read off the rows (the releases where the decode sends a tag the prefill loop dies on),
+never from a list. Rows are cached per wheel sha256 and analysis version under the cache
+directory, so a second run over 42 releases reads JSON; ``cached=False`` recomputes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from packaging.version import Version
+
+from forensics.handlers.model import DECODE, DIES, HANDLED, PREFILL
+
+ANALYSIS_VERSION = "1"  # bump when the analysis changes what a row says
+COLUMNS = [
+    "release", "backend", "inherits", "decode_sends_abort", "handles_abort", "abort_fate", "abort_kills",
+    "dies_on_unknown", "daemon", "wrapper", "per_message_try", "bootstrap_timeout", "frames_sent",
+    "killing_tags", "dropped_tags", "gaps",
+]
+
+
+def matrix_row(handler_map, backend_name: str) -> dict:
+    backend = handler_map.backends[backend_name]
+    prefill = backend.loops_for(PREFILL)
+    to_prefill = [d for d in backend.deliveries if d.message.receiver_role == PREFILL]
+    aborts = [d for d in to_prefill if d.message.tag == "ABORT"]
+    killing = sorted({d.message.tag for d in backend.deliveries if d.outcome.fate == DIES})
+    dropped = sorted({d.message.tag for d in backend.deliveries if d.outcome.fate not in (DIES, HANDLED, "no reader")})
+    abort_fate = aborts[0].outcome.fate if aborts else next(
+        (o.fate for o in backend.abort_probe.values()), None
+    )
+    return {
+        "release": handler_map.version,
+        "backend": backend_name,
+        "inherits": backend.inherits,
+        "decode_sends_abort": bool(aborts),
+        "handles_abort": backend.handles_abort(),
+        "abort_fate": abort_fate,
+        "abort_kills": any(d.outcome.fate == DIES for d in aborts),
+        "dies_on_unknown": any(loop.dies_on_unknown for loop in backend.loops if loop.role == PREFILL),
+        "daemon": prefill[0].daemon if prefill else None,
+        "wrapper": prefill[0].wrapper if prefill else None,
+        "per_message_try": prefill[0].per_message_try if prefill else None,
+        "bootstrap_timeout": backend.bootstrap_timeout,
+        "frames_sent": ", ".join(sorted({m.tag for m in backend.sent_by(DECODE)})),
+        "killing_tags": ", ".join(killing),
+        "dropped_tags": ", ".join(dropped),
+        "gaps": len([g for g in handler_map.gaps if g.file.startswith(f"{backend_name}/")]),
+    }
+
+
+def _rows_for(version: str, use_cache: bool) -> list[dict]:
+    from forensics.cache import cache_dir
+    from forensics.handlers.handler_map import build
+    from forensics.sglang_source import fetch
+
+    source = fetch(version)
+    cache_file = None
+    if use_cache and source.sha256:
+        cache_file = cache_dir() / "handlers" / f"{version}-{source.sha256[:16]}-v{ANALYSIS_VERSION}.json"
+        if cache_file.is_file():
+            return json.loads(cache_file.read_text())
+    handler_map = build(source)
+    rows = [matrix_row(handler_map, name) for name in handler_map.backends]
+    if cache_file is not None:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rows))
+        os.replace(tmp, cache_file)
+    return rows
+
+
+@dataclass
+class HandlerMatrix:
+    frame: object  # pandas.DataFrame, one row per release x backend
+
+    def to_frame(self):
+        return self.frame
+
+    def window(self, backend: str = "nixl", column: str = "abort_kills") -> list[str]:
+        """Releases where ``column`` is true for ``backend`` (default: an ABORT the decode sends kills it)."""
+        rows = self.frame[(self.frame["backend"] == backend) & (self.frame[column] == True)]  # noqa: E712
+        return sorted(rows["release"].tolist(), key=Version)
+
+    def window_text(self, backend: str = "nixl", column: str = "abort_kills") -> str:
+        releases = self.window(backend, column)
+        if not releases:
+            return "none"
+        return f"{releases[0]} .. {releases[-1]} ({len(releases)} releases)"
+
+    def to_dict(self) -> dict:
+        records = self.frame.to_dict(orient="records")
+        return {
+            "rows": records,
+            "windows": {
+                backend: {"abort_kills": self.window(backend), "killing_tags": sorted(
+                    {r["release"] for r in records if r["backend"] == backend and r["killing_tags"]}, key=Version)}
+                for backend in sorted(set(self.frame["backend"]))
+            },
+        }
+
+    def plot(self, ax=None, backends: Iterable[str] | None = None):
+        """Heatmap: releases down, (backend, property) across; red where the loop is exposed."""
+        import matplotlib.pyplot as plt
+        import numpy as np
+        from matplotlib.colors import ListedColormap
+
+        frame = self.frame
+        chosen = list(backends) if backends else [b for b in ("nixl", "mooncake", "mori", "ascend")
+                                                 if b in set(frame["backend"])]
+        properties = [
+            ("decode_sends_abort", "decode sends ABORT", False),
+            ("handles_abort", "prefill handles ABORT", True),
+            ("abort_kills", "ABORT kills loop", False),
+            ("dies_on_unknown", "dies on unknown frame", False),
+            ("daemon", "daemon thread", True),
+            ("bootstrap_timeout", "bootstrap timeout", True),
+        ]
+        releases = sorted(set(frame["release"]), key=Version)
+        # 0 = good, 1 = bad, 0.5 = informational true, nan = absent
+        grid = np.full((len(releases), len(chosen) * len(properties)), np.nan)
+        labels = []
+        for b_index, backend in enumerate(chosen):
+            for p_index, (column, label, good_when_true) in enumerate(properties):
+                labels.append(f"{backend}: {label}")
+                for r_index, release in enumerate(releases):
+                    match = frame[(frame["release"] == release) & (frame["backend"] == backend)]
+                    if match.empty or match.iloc[0][column] is None:
+                        continue
+                    value = bool(match.iloc[0][column])
+                    if column == "decode_sends_abort":
+                        grid[r_index, b_index * len(properties) + p_index] = 0.5 if value else 0.0
+                    else:
+                        grid[r_index, b_index * len(properties) + p_index] = 0.0 if value == good_when_true else 1.0
+        if ax is None:
+            _, ax = plt.subplots(figsize=(max(8, 0.55 * len(labels)), max(6, 0.24 * len(releases))))
+        cmap = ListedColormap(["#7cc48a", "#9ab7de", "#e06666"])
+        cmap.set_bad("#eeeeee")
+        ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
+        ax.set_yticks(range(len(releases)))
+        ax.set_yticklabels(releases, fontsize=7)
+        for boundary in range(1, len(chosen)):
+            ax.axvline(boundary * len(properties) - 0.5, color="black", linewidth=1)
+        window = self.window("nixl") if "nixl" in chosen else []
+        title = "sglang PD receiver loops by release (red: exposed, green: safe, blue: decode sends ABORT, grey: absent)"
+        if window:
+            title += f"\nNIXL prefill killed by the decode's own ABORT: {window[0]} .. {window[-1]}"
+        ax.set_title(title, fontsize=9)
+        ax.figure.tight_layout()
+        return ax
+
+
+def matrix(
+    releases: Iterable[str],
+    *,
+    workers: int | None = None,
+    use_cache: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> HandlerMatrix:
+    """Map every release (fetching wheels as needed) into one frame; ``workers`` processes in parallel."""
+    import pandas as pd
+
+    versions = list(releases)
+    workers = workers if workers is not None else min(2, os.cpu_count() or 1)
+    rows: list[dict] = []
+    if workers <= 1 or len(versions) <= 1:
+        for version in versions:
+            rows.extend(_rows_for(version, use_cache))
+            if progress:
+                progress(version)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for version, result in zip(versions, pool.map(_rows_for, versions, [use_cache] * len(versions)),
+                                       strict=True):
+                rows.extend(result)
+                if progress:
+                    progress(version)
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    frame["_order"] = frame["release"].map(Version)
+    frame = frame.sort_values(["_order", "backend"]).drop(columns="_order").reset_index(drop=True)
+    return HandlerMatrix(frame)
