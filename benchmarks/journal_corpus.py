@@ -51,6 +51,15 @@ MIX: tuple[tuple[str, float], ...] = (
     ("debug_abort_queued", 0.08),  # scheduler_abort_request (DEBUG "Abort queued request.")
     ("client_disconnected", 0.06),  # client_disconnected ("Client disconnected: ...")
 )
+# What each kind is, for the summary line of the mix.
+GROUPS = {
+    "prefill_batch": "batch lines", "decode_batch": "batch lines",
+    "access_generate": "uvicorn access lines", "access_chat": "uvicorn access lines",
+    "access_health": "uvicorn access lines", "access_metrics": "uvicorn access lines",
+    "debug_multipart": "DEBUG lines", "debug_got_info": "DEBUG lines", "debug_abort_queued": "DEBUG lines",
+    "info_receive": "other INFO lines", "info_finish": "other INFO lines", "client_disconnected": "other INFO lines",
+    "incident": "incident lines",
+}
 # The catalogue signature each steady kind is, if any.
 STEADY_SIGNATURE = {"debug_abort_queued": "scheduler_abort_request", "client_disconnected": "client_disconnected"}
 TIMEOUTS_PER_INCIDENT = 20
@@ -139,10 +148,18 @@ class Manifest:
         total = sum(self.kinds.values()) or 1
         return {kind: round(100.0 * count / total, 3) for kind, count in self.kinds.most_common()}
 
+    def group_percent(self) -> dict[str, float]:
+        groups: Counter = Counter()
+        for kind, count in self.kinds.items():
+            groups[GROUPS.get(kind, kind)] += count
+        total = sum(groups.values()) or 1
+        return {group: round(100.0 * count / total, 3) for group, count in groups.most_common()}
+
     def to_json(self) -> dict:
         return {
             "path": self.path, "bytes": self.bytes, "lines": self.lines, "seed": self.seed,
             "release": self.release, "kinds": dict(self.kinds), "mix_percent": self.mix_percent(),
+            "group_percent": self.group_percent(),
             "signatures": dict(self.signatures), "incident_lines": self.incident_lines,
             "trigger_rooms": self.trigger_rooms, "seconds": round(self.seconds, 2),
         }

@@ -182,7 +182,8 @@ def run(path: Path, size: int, rounds: int) -> dict:
         "python": platform.python_version(),
         "grep": _version(["grep", "--version"]), "rg": _version(["rg", "--version"]),
         "path": str(path), "bytes": manifest.bytes, "lines": manifest.lines,
-        "mix": manifest.mix_percent(), "signature_lines": ours_total, "expected": expected,
+        "mix": manifest.mix_percent(), "groups": manifest.group_percent(),
+        "incidents": len(manifest.incident_lines), "signature_lines": ours_total, "expected": expected,
         "scan_seconds": scanned["seconds"], "scan_wall_seconds": scan_wall,
         "scan_mbps": megabytes / scanned["seconds"], "scan_maxrss_mb": scanned["maxrss_mb"],
         "scan_batch_rows": scanned["batch_rows"], "scan_access_lines": scanned["access_lines"],
@@ -206,7 +207,8 @@ def _verdict(ok: bool) -> str:
 
 def render(figures: dict) -> str:
     mb = figures["bytes"] / 1e6
-    mix = ", ".join(f"{kind} {share:.2f}%" for kind, share in figures["mix"].items())
+    mix = ", ".join(f"{kind} {_percent(share)}" for kind, share in figures["mix"].items())
+    groups = ", ".join(f"{group} {_percent(share)}" for group, share in figures["groups"].items())
     lines = [
         SECTION_START,
         "## Log forensics",
@@ -217,7 +219,9 @@ def render(figures: dict) -> str:
         f"- machine: {figures['machine']}; Python {figures['python']}; {figures['grep']}; {figures['rg']}",
         f"- file: journalctl `-o short-iso` text, two units on one host, {mb:.1f} MB, {figures['lines']:,} lines, "
         f"{figures['signature_lines']:,} signature lines",
-        f"- line mix: {mix}",
+        f"- line mix: {groups}",
+        f"- in detail: {mix}; incidents at {figures['incidents']} places (trigger, ABORT send, thread-death "
+        f"traceback, handshake abort, then {journal_corpus.TIMEOUTS_PER_INCIDENT} waiting timeouts each sending ABORT)",
         "",
         "| measure | figure | target | |",
         "|---|---|---|---|",
@@ -244,6 +248,10 @@ def render(figures: dict) -> str:
         SECTION_END,
     ]
     return "\n".join(lines) + "\n"
+
+
+def _percent(share: float) -> str:
+    return f"{share:.2f}%" if share >= 0.1 else f"{share:.3f}%"
 
 
 def _tool_label(tool: str) -> str:

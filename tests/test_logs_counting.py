@@ -235,3 +235,32 @@ def test_parse_size():
     assert journal_corpus.parse_size("64kb") == 64 << 10
     assert journal_corpus.parse_size("1234") == 1234
     assert re.fullmatch(r"\d+", str(journal_corpus.parse_size("1.5M")))
+
+
+# ------------------------------------------------------------------ the benchmark itself
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(shutil.which("grep") is None, reason="GNU grep not installed")
+def test_throughput_benchmark_ci_sized(tmp_path):
+    from benchmarks import logs_throughput
+
+    affinity = os.sched_getaffinity(0)
+    try:
+        figures = logs_throughput.run(tmp_path / "journal.log", 2 << 20, rounds=1)
+    finally:
+        os.sched_setaffinity(0, affinity)  # run() pins this process to one CPU
+    # run() raises if any tool's count disagrees with the manifest; check the figures it reports.
+    assert figures["signature_lines"] == sum(figures["expected"].values()) > 0
+    assert figures["expected"]["thread_death"] == 3
+    assert figures["scan_mbps"] > 0 and 50 < figures["scan_maxrss_mb"] < 4000
+    assert "grep" in figures["best_seconds"] and figures["ratio_grep"] > 0
+    section = logs_throughput.render(figures)
+    assert "## Log forensics" in section and "MB/s" in section and "batch lines" in section
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Benchmark results\n\n## Twin\n\nkeep me\n")
+    logs_throughput.write_results(section, results)
+    logs_throughput.write_results(section.replace("## Log forensics", "## Log forensics (again)"), results)
+    text = results.read_text()
+    assert "keep me" in text and text.count(logs_throughput.SECTION_START) == 1
+    assert "## Log forensics (again)" in text
