@@ -144,6 +144,15 @@ def build_diff(handler_map, a: str, b: str, findings: list[Finding] | None = Non
                     senders[message.tag].append(label)
         if not any(backend.loops_for(role) for backend in backends.values()):
             continue
+        # Tags a loop has a case for but nobody here was seen sending (staging, newer peers): tried too.
+        for backend in backends.values():
+            for loop in backend.loops_for(role):
+                for branch in loop.branches:
+                    if branch.kind not in ("tag", "helper"):
+                        continue
+                    for tag in branch.tags:
+                        if tag not in shapes and not tag.endswith("Guard") and tag not in ("None",):
+                            shapes[tag] = _probe_shape(tag)
         tags = sorted(shapes, key=lambda t: (t.startswith("<"), t))
         for tag in [*tags, "<unknown tag>"]:
             cells = {}
@@ -165,6 +174,13 @@ def build_diff(handler_map, a: str, b: str, findings: list[Finding] | None = Non
     chosen = findings if findings is not None else handler_map.findings
     relevant = [f for f in chosen if f.backend in (a, b)]
     return HandlerDiff(handler_map.version, a, b, rows, loops, protection, relevant)
+
+
+def _probe_shape(tag: str) -> FrameShape:
+    """A frame with ``tag`` first and numbers after it (room, index, ...), six frames long."""
+    from forensics.handlers.model import Element
+
+    return FrameShape((Element("const", tag.encode()),) + (Element("num"),) * 5)
 
 
 def _cell(index, backend, role: str, tag: str, shape: FrameShape | None) -> DiffCell:

@@ -141,8 +141,7 @@ class HandlerMatrix:
                         grid[r_index, b_index * len(properties) + p_index] = 0.0 if value == good_when_true else 1.0
         if ax is None:
             _, ax = plt.subplots(figsize=(max(8, 0.55 * len(labels)), max(6, 0.24 * len(releases))))
-        cmap = ListedColormap(["#7cc48a", "#9ab7de", "#e06666"])
-        cmap.set_bad("#eeeeee")
+        cmap = ListedColormap(["#7cc48a", "#9ab7de", "#e06666"]).with_extremes(bad="#eeeeee")
         ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)

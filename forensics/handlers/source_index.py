@@ -139,13 +139,18 @@ class SourceIndex:
 
     def _add_class(self, parsed: ParsedFile, node: ast.ClassDef) -> None:
         bases = [ast.unparse(base).split(".")[-1] for base in node.bases]
+        # In a msgspec Struct, NamedTuple or dataclass an annotated class attribute is a per-instance
+        # field default (AbortNotification.decode_ip = None), not a constant of the class.
+        record = any(b in ("Struct", "NamedTuple") for b in bases) or any(
+            "dataclass" in ast.unparse(d) for d in node.decorator_list
+        )
         attributes: dict[str, ast.expr] = {}
         methods: dict[str, ast.FunctionDef] = {}
         for statement in node.body:
             if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
                 if isinstance(statement.targets[0], ast.Name):
                     attributes[statement.targets[0].id] = statement.value
-            elif isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+            elif isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) and not record:
                 if statement.value is not None:
                     attributes[statement.target.id] = statement.value
             elif isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
