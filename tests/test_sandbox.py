@@ -155,9 +155,15 @@ def test_release_scenario(version):
         if dies_on_abort is None:
             with pytest.raises(SandboxError, match="_send_abort_notification"):
                 sb.frames.abort(room=2)
+            # A newer decode's ABORT (mixed versions) kills this loop too: the assert predates ABORT.
+            sb.send(sb.frames.abort_from_newer_decode(room=2))
+            assert sb.settle() == "thread dead"
+            assert [e["message"] for e in sb.exceptions()] == [GUARD_MESSAGE]
             return
         abort = sb.frames.abort(room=2)
         assert abort == [b"ABORT", b"2", b"127.0.0.1", abort[3]] and abort[3].isdigit()
+        # The sandbox's own builder (for releases without a sender) matches the release's code.
+        assert sb.frames.abort_from_newer_decode(room=2) == abort
         sb.send(abort)
         sb.send(sb.frames.transfer_info(room=3))
         status = sb.settle()
@@ -195,3 +201,71 @@ def test_an_import_outside_the_real_and_stub_lists_fails_loudly(tmp_path):
 def test_a_missing_conn_file_is_a_sandbox_error(tmp_path):
     with pytest.raises(SandboxError, match="does not exist"):
         EngineSandbox(fetch("0.5.15"), conn_file=tmp_path / "absent.py")
+
+
+@pytest.mark.timeout(120)
+def test_0_5_22_armed_abort_has_a_generation_and_gets_a_real_drained_ack():
+    with EngineSandbox(fetch("0.5.22")) as sb:
+        sb.create_rooms([1, 2])
+        sb.send(sb.frames.registration())
+        sb.send(sb.frames.transfer_info(room=1))
+        sb.send(sb.frames.transfer_info(room=2))
+        plain = sb.frames.abort(room=2)
+        armed = sb.frames.abort(room=2, armed=True)
+        assert len(plain) == 4
+        assert armed == plain + [b"1"]  # AbortNotification.to_zmq: generation 1 appended
+        sb.send(armed)
+        assert sb.settle() == "consumed"
+        assert sb.room_states() == {1: WAITING, 2: FAILED}
+        # The prefill's own deferred-release path answers on the decode's rank socket.
+        assert sb.decode_messages(wait=5.0) == [[b"ABORT_ACK", b"2", b"0", b"1"]]
+
+
+def session_id_line(conn_file: Path) -> int:
+    lines = conn_file.read_text().splitlines()
+    hits = [i + 1 for i, line in enumerate(lines) if "mooncake_session_id = waiting_req_bytes[3]" in line]
+    assert len(hits) == 1, hits
+    return hits[0]
+
+
+@pytest.mark.timeout(120)
+def test_mooncake_0_5_15_acks_abort_but_a_short_foreign_frame_kills_its_loop():
+    source = fetch("0.5.15")
+    with EngineSandbox(source, backend="mooncake") as sb:
+        assert sb.info["threads"][0]["name"].endswith("(bootstrap_thread)")
+        sb.create_rooms([1, 2, 3])
+        registration = sb.frames.registration()
+        assert len(registration) == 14 and registration[0] == b"None"
+        sb.send(registration)
+        sb.send(sb.frames.transfer_info(room=1))
+        sb.send(sb.frames.abort(room=2))
+        sb.send(sb.frames.transfer_info(room=3))
+        assert sb.settle() == "consumed"
+        assert sb.room_states() == {1: WAITING, 2: FAILED, 3: WAITING}
+        assert sb.decode_messages(wait=5.0) == [[b"ABORT_ACK", b"2"]]
+        sb.send([b"FOREIGN", b"x"])
+        assert sb.settle() == "thread dead"
+        [death] = sb.exceptions()
+        assert (death["exc_type"], death["message"]) == ("IndexError", "list index out of range")
+        assert death["file"] == str(source.backend_file("mooncake"))
+        assert death["line"] == session_id_line(source.backend_file("mooncake"))
+
+
+@pytest.mark.timeout(120)
+def test_a_death_on_an_attribute_the_sandbox_did_not_set_is_a_sandbox_error_not_a_finding(tmp_path):
+    source = fetch("0.5.16")
+    text = source.backend_file("nixl").read_text()
+    init_anchor = "        super().__init__(args, disaggregation_mode, server_args, is_mla_backend)\n"
+    handler_anchor = "    def _handle_abort_notification(self, msg: List[bytes]) -> bool:\n"
+    assert text.count(init_anchor) == 1 and text.count(handler_anchor) == 1
+    text = text.replace(init_anchor, init_anchor + "        self.probe_value = uuid.uuid4()\n")
+    text = text.replace(handler_anchor, handler_anchor + "        self.probe_value\n")
+    modified = tmp_path / "conn.py"
+    modified.write_text(text)
+    with EngineSandbox(source, conn_file=modified) as sb:
+        sb.create_rooms([1])
+        sb.send(sb.frames.abort(room=1))
+        with pytest.raises(SandboxError, match=r"NixlKVManager\.probe_value.*sandbox gap"):
+            sb.settle()
+        [death] = sb.exceptions()
+        assert death["sandbox_gap"] == "NixlKVManager.probe_value"

@@ -10,11 +10,12 @@ from forensics.sglang_source import SourceError, available_releases, fetch
 WAITING = 2
 
 
-def same_version_abort_outcome(version: str) -> str:
-    """What a same-version decode's ABORT does to this release's NIXL prefill loop.
+def abort_outcome(version: str) -> tuple[str, str]:
+    """What an ABORT does to this release's NIXL prefill loop, after registration and one transfer
+    info bootstrapped room 1: (same-version decode, newer 0.5.13-0.5.21 decode).
 
-    "no abort sender", "kills the loop" or "survives" (after registration and one transfer
-    info worked), or "inconclusive: <why>".
+    Each is "kills the loop" or "survives"; the first is "no abort sender" when the release's
+    decode sends none; both are "inconclusive: <why>" when the sandbox could not run it.
     """
     try:
         source = fetch(version)
@@ -23,16 +24,20 @@ def same_version_abort_outcome(version: str) -> str:
             sb.send(sb.frames.registration())
             sb.send(sb.frames.transfer_info(room=1))
             if sb.settle() != "consumed" or sb.room_states().get(1) != WAITING:
-                return f"inconclusive: registration + transfer info did not bootstrap room 1 ({sb.exceptions()})"
+                why = f"inconclusive: registration + transfer info did not bootstrap room 1 ({sb.exceptions()})"
+                return why, why
             try:
                 abort = sb.frames.abort(room=2)
+                same_version = None
             except SandboxError:
-                return "no abort sender"
+                abort = sb.frames.abort_from_newer_decode(room=2)
+                same_version = "no abort sender"
             sb.send(abort)
             sb.send(sb.frames.transfer_info(room=3))
-            return "kills the loop" if sb.settle() == "thread dead" else "survives"
+            outcome = "kills the loop" if sb.settle() == "thread dead" else "survives"
+            return same_version or outcome, outcome
     except (SandboxError, SourceError) as exc:
-        return f"inconclusive: {exc}"
+        return f"inconclusive: {exc}", f"inconclusive: {exc}"
 
 
 @pytest.mark.slow
@@ -40,11 +45,13 @@ def same_version_abort_outcome(version: str) -> str:
 def test_sweep_finds_the_vulnerable_window_from_behaviour():
     releases = available_releases("0.5.1", "0.5.23")
     assert len(releases) == 42
-    outcomes = {version: same_version_abort_outcome(version) for version in releases}
-    inconclusive = {v: o for v, o in outcomes.items() if o.startswith("inconclusive")}
+    outcomes = {version: abort_outcome(version) for version in releases}
+    inconclusive = {v: o for v, o in outcomes.items() if o[0].startswith("inconclusive")}
     assert not inconclusive, inconclusive
-    window = [v for v in releases if outcomes[v] == "kills the loop"]
+    window = [v for v in releases if outcomes[v][0] == "kills the loop"]
     assert window == ["0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1"], outcomes
-    first_sender = releases.index("0.5.13")
-    assert all(outcomes[v] == "no abort sender" for v in releases[:first_sender])
-    assert all(outcomes[v] == "survives" for v in releases[releases.index("0.5.16"):])
+    before, fixed = releases[: releases.index("0.5.13")], releases[releases.index("0.5.16"):]
+    assert all(outcomes[v][0] == "no abort sender" for v in before)
+    assert all(outcomes[v][0] == "survives" for v in fixed)
+    # Mixed versions: every NIXL prefill up to 0.5.15.post1 dies on a newer decode's ABORT.
+    assert [v for v in releases if outcomes[v][1] == "kills the loop"] == before + window

@@ -57,6 +57,7 @@ class Session:
             "agent": self.loop.agent_kind,
             "stubbed": dict(sorted(self.release.stubbed.items())),
             "threads": self.loop.thread_info(),
+            "overrides": self.loop.overrides,
             "pid": os.getpid(),
         }
 
@@ -64,16 +65,21 @@ class Session:
     def op_create_rooms(self, rooms: list[int]) -> dict:
         return {"rooms": self.loop.create_rooms(rooms)}
 
-    def op_frames(self, kind: str, room: int | None = None) -> dict:
+    def op_frames(self, kind: str, room: int | None = None, armed: bool = False) -> dict:
         if kind == "registration":
             frames = self.peer.registration()
         elif kind == "transfer_info":
             frames = self.peer.transfer_info(int(room))
         elif kind == "abort":
-            frames = self.peer.abort(int(room))
+            frames = self.peer.abort(int(room), armed=armed)
+        elif kind == "abort_from_newer_decode":
+            frames = self.peer.abort_from_newer_decode(int(room))
         else:
             raise ValueError(f"unknown frame kind {kind!r}")
         return {"frames": _b64(frames)}
+
+    def op_decode_messages(self, wait: float = 0.0) -> dict:
+        return {"messages": [_b64(m) for m in self.peer.received(wait)]}
 
     def op_send(self, frames: list[str]) -> dict:
         self.push.send_multipart(_unb64(frames))
@@ -92,6 +98,7 @@ class Session:
             "threads": self.loop.thread_info(),
             "consumed": self.loop.socket.delivered,
             "sent": self.sent,
+            "retired_nixl_kwargs": sorted(getattr(self.loop.agent, "retired_kwargs_seen", ())),
         }
 
     def op_exceptions(self, include_teardown: bool = False) -> dict:

@@ -14,13 +14,14 @@ import collections
 import inspect
 import itertools
 import threading
+import time
 
 import numpy as np
 import zmq
 
 from forensics.sandbox.errors import SandboxError
 from forensics.sandbox.host_memory import SLOTS, HostKV, make_agent
-from forensics.sandbox.prefill import _common_manager_state, manager_class
+from forensics.sandbox.prefill import _common_manager_state, manager_class, mooncake_state, set_initial_values
 from forensics.sandbox.shim import LoadedRelease
 
 _capture_ids = itertools.count(1)
@@ -56,9 +57,10 @@ class DecodePeer:
         self._capture_out.connect(capture_address)
         self._capture_lock = threading.Lock()
         self.host_kv = HostKV.allocate()
-        self.agent, self.agent_kind = make_agent("decode")
+        self.agent, self.agent_kind = make_agent("decode") if backend == "nixl" else (None, "none (mooncake)")
         cls = manager_class(self.module, backend)
         self.manager = cls.__new__(cls)
+        set_initial_values(self.manager)
         _common_manager_state(
             self.manager,
             self.module,
@@ -69,6 +71,7 @@ class DecodePeer:
             agent=self.agent,
             kv_args=self.host_kv.kv_args(base.KVArgs),
         )
+        self.manager._zmq_ctx = self.context
         transfer_status = getattr(self.module, "TransferStatus", dict)
         decode_only = {
             "transfer_statuses": collections.defaultdict(transfer_status),
@@ -86,6 +89,8 @@ class DecodePeer:
         }
         for name, value in decode_only.items():
             setattr(self.manager, name, value)
+        if backend == "mooncake":
+            mooncake_state(self.manager, host, self.port)
         if backend == "nixl" and hasattr(self.manager, "register_buffer_to_engine"):
             self.manager.register_buffer_to_engine()
 
@@ -96,6 +101,7 @@ class DecodePeer:
         prefill rank (one target rank, not a dummy), its connection replaced by the capture."""
         cls = getattr(self.module, {"nixl": "NixlKVReceiver", "mooncake": "MooncakeKVReceiver"}[self.backend])
         receiver = cls.__new__(cls)
+        set_initial_values(receiver)
         bootstrap_info = {
             "rank_ip": self.prefill_host,
             "rank_port": self.prefill_port,
@@ -122,6 +128,8 @@ class DecodePeer:
             "_abort_generation": None,
             "chunk_staging_infos": [],
         }
+        if self.backend == "mooncake":
+            values["session_id"] = self.manager.engine.get_session_id()
         for name, value in values.items():
             setattr(receiver, name, value)
         # Instance attribute shadows the classmethod: every send goes to the capture socket.
@@ -156,7 +164,11 @@ class DecodePeer:
             "state_indices": None,
             "decode_prefix_len": None,
         }
-        accepted = inspect.signature(receiver.send_metadata).parameters
+        # The metadata send is ``send_metadata`` from 0.5.10 on; earlier receivers call it ``init``.
+        send = getattr(receiver, "send_metadata", None)
+        if send is None or "kv_indices" not in inspect.signature(send).parameters:
+            send = receiver.init
+        accepted = inspect.signature(send).parameters
         call_arguments = {k: v for k, v in arguments.items() if k in accepted}
         missing = [
             name for name, p in accepted.items()
@@ -164,11 +176,17 @@ class DecodePeer:
             and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         ]
         if missing:
-            raise SandboxError(f"sglang {self.release.version}: send_metadata needs {missing}, unknown to the sandbox")
-        return self._captured("send_metadata()", lambda: receiver.send_metadata(**call_arguments))[0]
+            raise SandboxError(
+                f"sglang {self.release.version}: {send.__name__} needs {missing}, unknown to the sandbox"
+            )
+        return self._captured(f"{send.__name__}()", lambda: send(**call_arguments))[0]
 
-    def abort(self, room: int) -> list[bytes]:
-        """The ABORT frame for ``room`` from ``_send_abort_notification`` (0.5.13+)."""
+    def abort(self, room: int, *, armed: bool = False) -> list[bytes]:
+        """The ABORT frame for ``room`` from ``_send_abort_notification`` (0.5.13+).
+
+        ``armed``: as a decode with deferred KV release whose metadata is already published
+        (0.5.19+ arms a deferred ABORT_ACK; 0.5.22+ then adds the generation as a 5th frame).
+        """
         receiver = self.receiver(room)
         send = getattr(receiver, "_send_abort_notification", None)
         if send is None:
@@ -176,7 +194,33 @@ class DecodePeer:
                 f"sglang {self.release.version}: the decode receiver has no _send_abort_notification "
                 "(this release's decode never sends ABORT)"
             )
-        return self._captured("_send_abort_notification()", send)[0]
+        if not armed:
+            return self._captured("_send_abort_notification()", send)[0]
+        receiver.init_time = time.time()
+        previous = self.manager.enable_deferred_decode_kv_release
+        self.manager.enable_deferred_decode_kv_release = True
+        try:
+            return self._captured("_send_abort_notification() (armed)", send)[0]
+        finally:
+            self.manager.enable_deferred_decode_kv_release = previous
+
+    def abort_from_newer_decode(self, room: int) -> list[bytes]:
+        """The 4-frame ABORT a 0.5.13 to 0.5.21 decode sends, written here (not the release's code).
+
+        For mixed-version checks of releases whose own decode never sends ABORT (before 0.5.13):
+        ``[b"ABORT", room, decode ip, decode rank port]``. Tests compare it byte for byte with
+        ``abort()`` of releases that do send it.
+        """
+        return [b"ABORT", str(room).encode("ascii"), self.manager.local_ip.encode("ascii"),
+                str(self.port).encode("ascii")]
+
+    def received(self, wait: float = 0.0) -> list[list[bytes]]:
+        """Messages the prefill sent back to this decode's rank socket (ABORT_ACK, status, ...)."""
+        messages = []
+        if self.inbox.poll(int(wait * 1000)):
+            while self.inbox.poll(0):
+                messages.append(self.inbox.recv_multipart())
+        return messages
 
     def close(self) -> None:
         for socket in (self._capture_out, self._capture_in, self.inbox):

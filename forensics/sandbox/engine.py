@@ -52,8 +52,8 @@ class FrameFactory:
     def __init__(self, sandbox: EngineSandbox) -> None:
         self._sandbox = sandbox
 
-    def _build(self, kind: str, room: int | None = None) -> list[bytes]:
-        reply = self._sandbox._request("frames", kind=kind, room=room)
+    def _build(self, kind: str, room: int | None = None, **options) -> list[bytes]:
+        reply = self._sandbox._request("frames", kind=kind, room=room, **options)
         return [base64.b64decode(frame) for frame in reply["frames"]]
 
     def registration(self) -> list[bytes]:
@@ -64,9 +64,15 @@ class FrameFactory:
         """Transfer info for ``room`` (required_dst_info_num 1), as ``send_metadata`` sends it."""
         return self._build("transfer_info", room)
 
-    def abort(self, room: int) -> list[bytes]:
-        """``[b"ABORT", room, ip, port]`` as ``_send_abort_notification`` sends it (0.5.13+)."""
-        return self._build("abort", room)
+    def abort(self, room: int, *, armed: bool = False) -> list[bytes]:
+        """``[b"ABORT", room, ip, port]`` as ``_send_abort_notification`` sends it (0.5.13+);
+        ``armed``: with deferred KV release armed (0.5.22+ adds the generation, 5 frames)."""
+        return self._build("abort", room, armed=armed)
+
+    def abort_from_newer_decode(self, room: int) -> list[bytes]:
+        """The 4-frame ABORT of a 0.5.13-0.5.21 decode, for releases whose own decode sends none
+        (a mixed-version pair). Written by the sandbox; tested byte for byte against ``abort()``."""
+        return self._build("abort_from_newer_decode", room)
 
 
 class EngineSandbox:
@@ -195,12 +201,25 @@ class EngineSandbox:
         and is blocked in its next receive, or died. Returns ``"consumed"`` or ``"thread dead"``;
         raises SandboxError on timeout (the loop is stuck inside a message)."""
         reply = self._request("settle", reply_within=timeout + 5, timeout=timeout, expected=expected)
+        if reply["status"] == "thread dead":
+            gaps = [e for e in self.exceptions() if e.get("sandbox_gap")]
+            if gaps:
+                raise SandboxError(
+                    f"sglang {self.version}: the loop died on {gaps[0]['sandbox_gap']}, an attribute the "
+                    f"release's __init__ sets and the sandbox did not: a sandbox gap, not engine behaviour "
+                    f"({gaps[0]['exc_type']}: {gaps[0]['message']} at {gaps[0]['file']}:{gaps[0]['line']})"
+                )
         if reply["status"] == "timeout":
             raise SandboxError(
                 f"sglang {self.version}: the loop did not consume {reply['sent']} messages within {timeout} s "
                 f"(consumed {reply['consumed']}); it may be blocked inside a handler"
             )
         return reply["status"]
+
+    def decode_messages(self, wait: float = 0.0) -> list[list[bytes]]:
+        """What the prefill sent back to the decode's rank socket (e.g. ABORT_ACK), waiting up to ``wait`` s."""
+        reply = self._request("decode_messages", reply_within=wait + REQUEST_TIMEOUT_S, wait=wait)
+        return [[base64.b64decode(f) for f in message] for message in reply["messages"]]
 
     def state(self) -> dict:
         if self.final_state is not None:

@@ -104,32 +104,53 @@ def _host_descs(descs):
     return descs
 
 
+# Keyword arguments older sglang releases pass that today's NIXL API no longer takes
+# (0.5.1.x passes ``is_sorted=False``, a sorting hint dropped from nixl's Python API).
+_RETIRED_KWARGS = ("is_sorted",)
+
+
 class HostMemoryAgent:
-    """A real NIXL agent whose ``"VRAM"`` is host memory (see the module docstring)."""
+    """A real NIXL agent whose ``"VRAM"`` is host memory (see the module docstring).
+
+    Also drops keyword arguments of older NIXL APIs (``_RETIRED_KWARGS``) that the installed
+    NIXL rejects, recording each one in ``retired_kwargs_seen`` so a caller can see it happened.
+    """
 
     def __init__(self, agent) -> None:
         self._agent = agent
+        self.retired_kwargs_seen: set[str] = set()
+
+    def _compatible(self, kwargs: dict) -> dict:
+        for name in _RETIRED_KWARGS:
+            if name in kwargs:
+                self.retired_kwargs_seen.add(name)
+                kwargs = {k: v for k, v in kwargs.items() if k != name}
+        return kwargs
 
     @property
     def real_agent(self):
         return self._agent
 
     def register_memory(self, descs, mem_type: str | None = None, *args, **kwargs):
+        kwargs = self._compatible(kwargs)
         if mem_type is None:
             return self._agent.register_memory(descs, *args, **kwargs)
         return self._agent.register_memory(_host_descs(descs), _as_host(mem_type), *args, **kwargs)
 
     def get_xfer_descs(self, descs, mem_type: str | None = None, *args, **kwargs):
+        kwargs = self._compatible(kwargs)
         if mem_type is None:
             return self._agent.get_xfer_descs(descs, *args, **kwargs)
         return self._agent.get_xfer_descs(_host_descs(descs), _as_host(mem_type), *args, **kwargs)
 
     def get_reg_descs(self, descs, mem_type: str | None = None, *args, **kwargs):
+        kwargs = self._compatible(kwargs)
         if mem_type is None:
             return self._agent.get_reg_descs(descs, *args, **kwargs)
         return self._agent.get_reg_descs(_host_descs(descs), _as_host(mem_type), *args, **kwargs)
 
     def prep_xfer_dlist(self, agent_name, xfer_list, mem_type: str | None = None, *args, **kwargs):
+        kwargs = self._compatible(kwargs)
         if mem_type is None:
             return self._agent.prep_xfer_dlist(agent_name, xfer_list, *args, **kwargs)
         return self._agent.prep_xfer_dlist(agent_name, _host_descs(xfer_list), _as_host(mem_type), *args, **kwargs)

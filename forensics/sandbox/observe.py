@@ -24,10 +24,10 @@ class ThreadWatch:
         self.teardown_at: float | None = None
         self._previous: Callable | None = None
         self._listeners: list[Callable[[dict], None]] = []
-        self._describe: Callable[[threading.Thread | None], dict] | None = None
+        self._describe: Callable[[threading.Thread | None, dict], dict] | None = None
 
-    def install(self, describe: Callable[[threading.Thread | None], dict] | None = None) -> None:
-        """Chain into ``threading.excepthook``; ``describe(thread)`` adds fields to each record."""
+    def install(self, describe: Callable[[threading.Thread | None, dict], dict] | None = None) -> None:
+        """Chain into ``threading.excepthook``; ``describe(thread, record)`` adds fields to each record."""
         self._describe = describe
         if self._previous is None:
             self._previous = threading.excepthook
@@ -64,7 +64,7 @@ class ThreadWatch:
             "during_teardown": self.teardown_at is not None,
         }
         if self._describe is not None:
-            record.update(self._describe(args.thread))
+            record.update(self._describe(args.thread, record))
         with self._lock:
             self.records.append(record)
         for listener in self._listeners:

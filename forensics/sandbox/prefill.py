@@ -24,6 +24,7 @@ import zmq
 
 from forensics.sandbox.errors import SandboxError
 from forensics.sandbox.host_memory import HostKV, make_agent
+from forensics.sandbox.init_defaults import initial_values, missing_attribute_gap
 from forensics.sandbox.observe import LogCapture, ThreadWatch
 from forensics.sandbox.shim import LoadedRelease
 
@@ -83,6 +84,7 @@ def _server_args() -> types.SimpleNamespace:
         disaggregation_decode_enable_radix_cache=False,
         enable_hisparse=False,
         disaggregation_transfer_backend="nixl",
+        enable_pd_role_switch=False,
         kv_cache_dtype="auto",
         page_size=1,
     )
@@ -187,6 +189,49 @@ def _common_manager_state(mgr, release_module, mode, *, socket, port: int, host:
     kv_args.kv_data_mem_kinds = ["VRAM"] * len(kv_args.kv_data_ptrs)
 
 
+class MooncakeSessionStandIn:
+    """Stands in for the Mooncake transfer engine (RDMA; cannot run here): only its session id.
+
+    The bootstrap loop never touches the engine; the decode puts this id in its frames.
+    """
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+
+    def get_session_id(self) -> str:
+        return self.session_id
+
+    def __repr__(self) -> str:
+        return f"MooncakeSessionStandIn({self.session_id!r})"
+
+
+def mooncake_state(mgr, host: str, port: int) -> None:
+    """Attributes MooncakeKVManager.__init__ sets that its bootstrap and decode threads read."""
+    values = {
+        "engine": MooncakeSessionStandIn(f"{host}:{port}"),
+        "session_lock": threading.Lock(),
+        "failed_sessions": set(),
+        "session_failures": collections.defaultdict(int),
+        "_stopped": False,
+        "_worker_threads": [],
+        "executors": [],
+        "enable_trace": False,
+        "enable_failed_session_probe": False,
+        "failed_session_probes": {},
+        "state_layout_rejections": {},
+        "state_strides_validated": set(),
+        "max_transfer_batch_indices": None,
+    }
+    for name, value in values.items():
+        setattr(mgr, name, value)
+
+
+def set_initial_values(obj) -> None:
+    """The release's own initial values for the bookkeeping its ``__init__`` sets (see init_defaults)."""
+    for name, value in initial_values(type(obj)).items():
+        setattr(obj, name, value)
+
+
 def _envs():
     import sys
 
@@ -235,7 +280,7 @@ class PrefillLoop:
         if capture_logs:
             self.logs.attach()
         self.host_kv = HostKV.allocate()
-        self.agent, self.agent_kind = make_agent("prefill")
+        self.agent, self.agent_kind = make_agent("prefill") if backend == "nixl" else (None, "none (mooncake)")
         pull = self.context.socket(zmq.PULL)
         pull.setsockopt(zmq.RCVHWM, 0)  # as sglang's get_zmq_socket_on_host does for PULL
         pull.setsockopt(zmq.LINGER, 0)
@@ -245,6 +290,7 @@ class PrefillLoop:
         self.socket = CountingSocket(pull)
         cls = manager_class(self.module, backend)
         self.manager = cls.__new__(cls)
+        set_initial_values(self.manager)
         _common_manager_state(
             self.manager,
             self.module,
@@ -255,6 +301,16 @@ class PrefillLoop:
             agent=self.agent,
             kv_args=self.host_kv.kv_args(base.KVArgs),
         )
+        self.manager._zmq_ctx = self.context  # for the sockets the loop opens itself (ABORT_ACK)
+        # Where the sandbox replaces a release method, with the reason (shown in EngineSandbox.info).
+        self.overrides: dict[str, str] = {}
+        if hasattr(self.manager, "_bind_server_socket"):
+            # Up to 0.5.8 the thread binds the socket itself, formatting the address with
+            # sglang.srt.utils.format_tcp_address (stubbed); the socket is already bound here.
+            self.manager._bind_server_socket = lambda: None
+            self.overrides["_bind_server_socket"] = (
+                "socket bound by the sandbox (the release formats its address with a stubbed sglang.srt.utils helper)"
+            )
         self._backend_state()
         self.senders: dict[int, object] = {}
         self.threads: list[threading.Thread] = []
@@ -278,6 +334,8 @@ class PrefillLoop:
         }
         for name, value in prefill_only.items():
             setattr(mgr, name, value)
+        if self.backend == "mooncake":
+            mooncake_state(mgr, self.host, self.port)
         if self.backend == "nixl" and hasattr(mgr, "register_buffer_to_engine"):
             # The release's own registration of this engine's KV and aux memory with its agent.
             mgr.register_buffer_to_engine()
@@ -297,9 +355,15 @@ class PrefillLoop:
         if not self.threads:
             raise SandboxError(f"sglang {self.release.version}: {start.__name__}() started no thread")
 
-    def _describe_thread(self, thread: threading.Thread | None) -> dict:
+    def _describe_thread(self, thread: threading.Thread | None, record: dict) -> dict:
         is_loop = thread is not None and thread in self.threads
-        return {"bootstrap_thread": is_loop, "message_index": self.socket.delivered if is_loop else None}
+        classes = [type(self.manager), *{type(sender) for sender in self.senders.values()}]
+        return {
+            "bootstrap_thread": is_loop,
+            "message_index": self.socket.delivered if is_loop else None,
+            # An attribute the release's __init__ sets but the sandbox did not: not engine behaviour.
+            "sandbox_gap": missing_attribute_gap(record["exc_type"], record["message"], classes),
+        }
 
     # ------------------------------------------------------------------ rooms
 
@@ -391,7 +455,13 @@ class PrefillLoop:
             terminator.start()
         for thread in self.threads:
             thread.join(timeout)
+        # The loop is gone: now this thread may close every socket of the context (the PULL
+        # socket and any the release opened itself, e.g. its ABORT_ACK PUSH sockets), which
+        # lets term() return.
         self.socket.real_socket.close(linger=0)
+        if self._own_context:
+            for socket in list(getattr(self.context, "_sockets", ())):
+                socket.close(linger=0)
         if terminator is not None:
             terminator.join(timeout)
         self.logs.detach()

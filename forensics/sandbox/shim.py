@@ -37,7 +37,9 @@ from forensics.sandbox.stubs import StubModule, StubRule, rules_for
 
 DISAGGREGATION = "sglang.srt.disaggregation"
 BARE_PACKAGES = ("sglang", "sglang.srt")
-REAL_OUTSIDE_DISAGGREGATION = ("sglang.srt.environ",)
+# Pure-Python modules outside disaggregation that it uses and that load here: real, even
+# when their package is stubbed (``sglang.srt.utils.network`` builds the ZMQ addresses).
+REAL_OUTSIDE_DISAGGREGATION = ("sglang.srt.environ", "sglang.srt.utils.network")
 NIXL_CONN = f"{DISAGGREGATION}.nixl.conn"
 
 
@@ -109,6 +111,11 @@ class ReleaseFinder(importlib.abc.MetaPathFinder):
         top = fullname.split(".")[0]
         if top != "sglang" and top not in self.stub_tops:
             return None
+        if fullname in REAL_OUTSIDE_DISAGGREGATION:
+            file = self.release.root.joinpath(*fullname.split(".")).with_suffix(".py")
+            if file.is_file():
+                self.release.real.append(fullname)
+                return importlib.util.spec_from_file_location(fullname, file)
         for rule in self.rules:
             if rule.covers(fullname):
                 return importlib.machinery.ModuleSpec(
@@ -123,9 +130,7 @@ class ReleaseFinder(importlib.abc.MetaPathFinder):
             return spec
         if fullname == NIXL_CONN and self.release.nixl_conn is not None:
             return importlib.util.spec_from_file_location(fullname, self.release.nixl_conn)
-        if fullname == DISAGGREGATION or fullname.startswith(DISAGGREGATION + ".") or (
-            fullname in REAL_OUTSIDE_DISAGGREGATION
-        ):
+        if fullname == DISAGGREGATION or fullname.startswith(DISAGGREGATION + "."):
             spec = importlib.machinery.PathFinder.find_spec(fullname, path)
             if spec is None:
                 raise UnexpectedImport(fullname, _importer(), self.release.version)
