@@ -20,6 +20,7 @@ from forensics.logs.schema import BATCH_BOOL_FIELDS, BATCH_COUNT_FIELDS, BATCH_F
 # Message part only (after any journal or sglang prefix).
 HEADER = re.compile(rb"(Prefill|Decode) batch(?: \[(\d+)\])?[.,] ")
 VALUES = re.compile(rb": ([^,]*)")
+VALUES_IN_LINES = re.compile(rb": ([^,\n]*)")  # the same over many lines joined by newlines
 _SHAPE_DELETE = b"0123456789.-"
 
 # Field label as printed -> column. "#prealloc-req" depends on the role (see KIND_SPECIFIC).
@@ -136,6 +137,21 @@ def convert(rows: ShapeRows) -> dict[str, np.ndarray]:
             out[name] = column.astype(np.float64)
         except ValueError:
             out[name] = np.array([_to_float(v) for v in column], dtype=np.float64)
+    return out
+
+
+def columns_from_table(shape: Shape, table: np.ndarray) -> dict[str, np.ndarray]:
+    """Numeric columns from a (rows x fields) table of value texts of one shape."""
+    out: dict[str, np.ndarray] = {}
+    for index, name in enumerate(shape.columns):
+        column = table[:, index]
+        if name in BOOL_SET:
+            out[name] = column == b"True"
+            continue
+        try:
+            out[name] = column.astype(np.float64)
+        except ValueError:
+            out[name] = np.array([_to_float(v.strip()) for v in column], dtype=np.float64)
     return out
 
 

@@ -46,6 +46,18 @@ _JOURNAL_PREFIX = {"short-iso": JOURNAL_ISO.pattern, "short-precise": JOURNAL_PR
 _TS_KIND = {"short-iso": timestamps.ISO, "short-precise": timestamps.PRECISE, "json": timestamps.EPOCH_US}
 
 
+_SHAPE_DELETE = b"0123456789.-"
+# Access line -> its counting key (minute, zone, host, unit, method, path, status) in one match.
+_ACCESS_KEY = {
+    "short-iso": re.compile(
+        rb"(\d{4}-\d\d-\d\dT\d\d:\d\d):\d\d(?:[.,]\d+)?(Z|[+-]\d\d:?\d\d)? (\S+) ([^\s\[:]+)(?:\[\d+\])?: ?"
+        rb'(?:INFO|WARNING|ERROR|DEBUG):\s+\S+ - "([A-Z]+) (\S+) HTTP/[\d.]+" (\d{3})'),
+    "short-precise": re.compile(
+        rb"([A-Z][a-z]{2} [ \d]\d \d\d:\d\d):\d\d(?:\.\d+)?() (\S+) ([^\s\[:]+)(?:\[\d+\])?: ?"
+        rb'(?:INFO|WARNING|ERROR|DEBUG):\s+\S+ - "([A-Z]+) (\S+) HTTP/[\d.]+" (\d{3})'),
+}
+
+
 def _combined(fmt: str, tail: bytes) -> re.Pattern[bytes]:
     """Journal prefix (when the format has one) + optional sglang prefix + ``tail``."""
     prefix = _JOURNAL_PREFIX.get(fmt, b"")
@@ -88,7 +100,9 @@ class SourceScanner:
         self.blocks = BlockTracker()
         self.shapes: dict[tuple[bytes, bytes], batchlines.Shape | None] = {}
         self.batch_re = _combined(fmt if fmt != "json" else "plain", batchlines.HEADER.pattern)
-        self.access_re = re.compile(_JOURNAL_PREFIX.get(fmt, b"") + UVICORN_ACCESS.pattern)
+        # The same with the field list captured, for findall over many joined lines.
+        self.batch_row_re = _combined(fmt if fmt != "json" else "plain", batchlines.HEADER.pattern + rb"([^\n]*)")
+        self.access_key_re = _ACCESS_KEY.get(fmt)
         literals = catalogue.literals() + (TRACEBACK_LITERAL,)
         if fmt == "json":
             # The message is a JSON string there: look for each literal as JSON writes it.
@@ -376,14 +390,20 @@ class SourceScanner:
 
     # ------------------------------------------------------------ batch lines
     def _batch_lines(self, data: bytes, consumed: set[int]) -> None:
-        rows: dict[batchlines.Shape, batchlines.ShapeRows] = {}
+        """Find every batch line, group lines of one layout, parse each group in bulk.
+
+        In the text formats a line with its digits deleted is a key that only changes
+        with the layout, the host, the unit and the rank letters: a handful of keys per
+        deployment. Each key's lines are then parsed with one ``findall`` over their join,
+        so the per-line Python work is a few C calls.
+        """
+        if self.fmt == "json":
+            self._batch_lines_json(data, consumed)
+            return
+        groups: dict[bytes, list[bytes]] = {}
         find = data.find
         rfind = data.rfind
-        match = self.batch_re.match
-        translate_delete = b"0123456789.-"
-        shapes = self.shapes
-        is_json = self.fmt == "json"
-        is_plain = self.fmt == "plain"
+        delete = _SHAPE_DELETE
         position = find(BATCH_LITERAL)
         while position >= 0:
             start = rfind(b"\n", 0, position) + 1
@@ -392,137 +412,158 @@ class SourceScanner:
             if start in consumed:
                 continue
             line = data[start:end]
-            journal_ts = None
-            if is_json:
-                split = split_line(line, "json")
-                if split is None:
-                    continue
-                line, journal_ts = split.message, split.journal_ts
-            found = match(line)
+            key = line.translate(None, delete)
+            bucket = groups.get(key)
+            if bucket is None:
+                bucket = groups[key] = []
+            bucket.append(line)
+        for key, lines in groups.items():
+            shape = self._shape_of_key(key, lines[0])
+            if shape is not None:
+                self._add_batch_group(shape, lines)
+
+    def _shape_of_key(self, key: bytes, line: bytes) -> batchlines.Shape | None:
+        shape = self.shapes.get(key, False)
+        if shape is False:
+            found = self.batch_re.match(line)
+            kind_group = self.batch_re.groups - 1  # HEADER ends with (kind)(iter)
+            shape = batchlines.learn_shape(found.group(kind_group), line[found.end():]) if found else None
+            self.shapes[key] = shape
+        return shape
+
+    def _add_batch_group(self, shape: batchlines.Shape, lines: list[bytes]) -> None:
+        rows = self.batch_row_re.findall(b"\n".join(lines))
+        if len(rows) != len(lines):
+            # A line of this key that the full pattern rejects: parse them one by one.
+            rows = [m.groups() for m in map(self.batch_row_re.match, lines) if m is not None]
+        if not rows:
+            return
+        columns = list(zip(*rows))
+        if self.fmt == "plain":
+            ts, ranks, iters, fields = columns[0], columns[1], columns[3], columns[4]
+            origins = None
+        else:
+            ts, ranks, iters, fields = columns[0], columns[5], columns[7], columns[8]
+            origins = (columns[1], columns[2])
+        self._emit_batch_frame(shape, _TS_KIND.get(self.fmt, timestamps.SGLANG), ts, ranks, iters, fields, origins)
+
+    def _batch_lines_json(self, data: bytes, consumed: set[int]) -> None:
+        groups: dict[tuple, list] = {}
+        position = data.find(BATCH_LITERAL)
+        while position >= 0:
+            start = data.rfind(b"\n", 0, position) + 1
+            end = data.find(b"\n", position)
+            position = data.find(BATCH_LITERAL, end)
+            if start in consumed:
+                continue
+            split = split_line(data[start:end], "json")
+            if split is None:
+                continue
+            found = self.batch_re.match(split.message)
             if found is None:
                 continue
-            groups = found.groups()
-            kind = groups[-2]
-            fields = line[found.end():]
-            key = (kind, fields.translate(None, translate_delete))
-            shape = shapes.get(key, False)
-            if shape is False:
-                shape = batchlines.learn_shape(kind, fields)
-                shapes[key] = shape
+            kind = found.group(self.batch_re.groups - 1)
+            fields = split.message[found.end():]
+            key = (kind, fields.translate(None, _SHAPE_DELETE))
+            groups.setdefault(key, []).append(
+                (split.journal_ts, found.group(2) or b"", found.group(self.batch_re.groups), fields, split.host, split.unit))
+        for (kind, _), rows in groups.items():
+            shape = batchlines.learn_shape(kind, rows[0][3])
             if shape is None:
                 continue
-            values = batchlines.values_of(fields)
-            if len(values) != len(shape.columns):
-                continue
-            bucket = rows.get(shape)
-            if bucket is None:
-                bucket = rows[shape] = batchlines.ShapeRows(shape)
-            bucket.values.append(values)
-            if is_json:
-                bucket.ts.append(journal_ts)
-                bucket.origins.append((split.host, split.unit))
-            elif is_plain:
-                bucket.ts.append(groups[0])
-            else:
-                bucket.ts.append(groups[0])
-                bucket.origins.append((groups[1], groups[2]))
-            bucket.ranks.append(groups[-3] or b"")
-            bucket.iters.append(groups[-1])
-            consumed.add(start)
-        for shape, bucket in rows.items():
-            self.result.batches.append(self._batch_frame(bucket))
-            if shape.kind == "prefill":
-                self.result.saw_prefill_batch = True
-            else:
-                self.result.saw_decode_batch = True
+            ts, ranks, iters, fields, hosts, units = zip(*rows)
+            self._emit_batch_frame(shape, timestamps.EPOCH_US, ts, ranks, iters, fields, (hosts, units))
 
-    def _batch_frame(self, bucket: batchlines.ShapeRows) -> pd.DataFrame:
-        columns = batchlines.convert(bucket)
-        if self.fmt == "plain":
-            ts_kind, ts_source = timestamps.SGLANG, "sglang"
+    def _emit_batch_frame(self, shape, ts_kind, ts, ranks, iters, fields, origins) -> None:
+        values = batchlines.VALUES_IN_LINES.findall(b"\n".join(fields).replace(b"%", b"").replace(b"\r", b""))
+        width = len(shape.columns)
+        if len(values) != len(fields) * width:
+            return  # cannot happen for lines of one key; refuse rather than misalign columns
+        table = np.array(values, dtype=np.bytes_).reshape(len(fields), width)
+        frame = pd.DataFrame(batchlines.columns_from_table(shape, table))
+        frame.insert(0, "ts", timestamps.convert(ts_kind, ts, tz=self.tz, year=self.year))
+        frame.insert(1, "ts_source", "sglang" if self.fmt == "plain" else "journal")
+        frame.insert(2, "kind", shape.kind)
+        rank_cache: dict = {}
+        for text in set(ranks):
+            rank_cache[text] = tuple(np.nan if v is None else v for v in parse_ranks(text or b""))
+        rank_rows = np.array([rank_cache[text] for text in ranks], dtype=float)
+        frame["dp_rank"] = rank_rows[:, 0]
+        frame["tp_rank"] = rank_rows[:, 1]
+        frame["pp_rank"] = rank_rows[:, 2]
+        iter_cache = {text: (float(text) if text else np.nan) for text in set(iters)}
+        frame["iter"] = np.array([iter_cache[text] for text in iters], dtype=float)
+        if origins is not None:
+            for name, raw in zip(("host", "unit"), origins):
+                names = {value: _text(value) for value in set(raw)}
+                frame[name] = pd.Series([names[value] for value in raw], dtype="string")
+        self.result.batches.append(frame)
+        if shape.kind == "prefill":
+            self.result.saw_prefill_batch = True
         else:
-            ts_kind, ts_source = _TS_KIND[self.fmt], "journal"
-        frame = pd.DataFrame(columns)
-        frame.insert(0, "ts", timestamps.convert(ts_kind, bucket.ts, tz=self.tz, year=self.year))
-        frame.insert(1, "ts_source", ts_source)
-        frame.insert(2, "kind", bucket.shape.kind)
-        rank_cache: dict[bytes, tuple] = {}
-        ranks = []
-        for text in bucket.ranks:
-            parsed = rank_cache.get(text)
-            if parsed is None:
-                parsed = rank_cache[text] = parse_ranks(text)
-            ranks.append(parsed)
-        ranks_array = np.array([[np.nan if v is None else v for v in r] for r in ranks], dtype=float) \
-            if ranks else np.empty((0, 3))
-        frame["dp_rank"] = ranks_array[:, 0]
-        frame["tp_rank"] = ranks_array[:, 1]
-        frame["pp_rank"] = ranks_array[:, 2]
-        frame["iter"] = [float(i) if i else np.nan for i in bucket.iters]
-        if bucket.origins:
-            names: dict = {}
-            for origin in set(bucket.origins):
-                names[origin] = tuple(_text(x) for x in origin)
-            hosts, units = zip(*(names[o] for o in bucket.origins))
-            frame["host"] = pd.Series(hosts, dtype="string")
-            frame["unit"] = pd.Series(units, dtype="string")
-        return frame
+            self.result.saw_decode_batch = True
 
     # ----------------------------------------------------------- access lines
     def _access_lines(self, data: bytes, consumed: set[int]) -> int:
+        """Count uvicorn access lines per (minute, zone, host, unit, method, path, status)."""
+        if self.fmt == "plain":
+            return self._access_lines_plain(data)
+        lines = []
         find = data.find
         rfind = data.rfind
-        counts = self.result.access
-        is_plain = self.fmt == "plain"
-        is_json = self.fmt == "json"
-        match = self.access_re.match
-        counted = 0
         position = find(ACCESS_LITERAL)
-        last_minute = self.last_minute
         while position >= 0:
             start = rfind(b"\n", 0, position) + 1
             end = find(b"\n", position)
             position = find(ACCESS_LITERAL, end)
-            line = data[start:end]
-            if is_json:
+            lines.append(data[start:end])
+        if not lines:
+            return 0
+        if self.fmt == "json":
+            counted = 0
+            for line in lines:
                 split = split_line(line, "json")
-                if split is None:
-                    continue
-                found = UVICORN_ACCESS.search(split.message)
+                found = UVICORN_ACCESS.search(split.message) if split is not None else None
                 if found is None:
                     continue
                 minute = split.journal_ts // 60_000_000 * 60_000_000 if split.journal_ts else None
-                counts[(minute, split.host, split.unit, found.group(2), found.group(3), found.group(4))] += 1
+                self.result.access[(minute, None, split.host, split.unit, found.group(2), found.group(3),
+                                    found.group(4))] += 1
                 counted += 1
-                continue
-            found = match(line)
+            return counted
+        # One findall over the joined lines; Counter counts the tuples in C.
+        keys = self.access_key_re.findall(b"\n".join(lines))
+        self.result.access.update(Counter(keys))
+        return len(keys)
+
+    def _access_lines_plain(self, data: bytes) -> int:
+        find = data.find
+        rfind = data.rfind
+        counts = self.result.access
+        match = UVICORN_ACCESS.match
+        counted = 0
+        last_minute = self.last_minute
+        position = find(ACCESS_LITERAL)
+        while position >= 0:
+            start = rfind(b"\n", 0, position) + 1
+            end = find(b"\n", position)
+            position = find(ACCESS_LITERAL, end)
+            found = match(data, start, end)
             if found is None:
                 continue
             counted += 1
-            if is_plain:
-                # uvicorn prints no time: take the minute of the nearest earlier sglang line.
-                previous = rfind(b"\n[20", 0, start)
-                if previous >= 0:
-                    last_minute = data[previous + 2: previous + 18]
-                elif data.startswith(b"[20"):
-                    last_minute = data[1:17]
-                if last_minute is None:
-                    # Nothing timed before it yet: the next sglang line is the best bound.
-                    following = find(b"\n[20", end - 1)
-                    minute = data[following + 2: following + 18] if following >= 0 else None
-                else:
-                    minute = last_minute
-                method, path, status = found.group(2), found.group(3), found.group(4)
-                host = unit = None
+            # uvicorn prints no time: take the minute of the nearest earlier sglang line.
+            previous = rfind(b"\n[20", 0, start)
+            if previous >= 0:
+                last_minute = data[previous + 2: previous + 18]
+            elif data.startswith(b"[20"):
+                last_minute = data[1:17]
+            if last_minute is None:
+                following = find(b"\n[20", end - 1)
+                minute = data[following + 2: following + 18] if following >= 0 else None
             else:
-                stamp = found.group(1)
-                if self.fmt == "short-iso":
-                    minute = stamp[:16] + stamp[19:].lstrip(b".,0123456789")
-                else:
-                    minute = stamp[:12] + b":00"
-                method, path, status = found.group(6), found.group(7), found.group(8)
-                host, unit = found.group(2), found.group(3)
-            counts[(minute, host, unit, method, path, status)] += 1
+                minute = last_minute
+            counts[(minute, None, None, None, found.group(2), found.group(3), found.group(4))] += 1
         self.last_minute = last_minute
         return counted
 

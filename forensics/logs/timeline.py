@@ -293,12 +293,13 @@ def _access_frame(result: SourceResult, role, explicit_role, default_host, tz) -
     if not result.access:
         return empty_frame(ACCESS_COLUMNS)
     keys = list(result.access.keys())
-    minutes, hosts, units, methods, paths, statuses = zip(*keys)
+    minutes, zones, hosts, units, methods, paths, statuses = zip(*keys)
     kind = result.access_minute_kind
     if kind == timestamps.EPOCH_US:
         stamps = pd.to_datetime([m if m is not None else np.nan for m in minutes], unit="us", utc=True)
     else:
-        values = [m if m is not None else b"" for m in minutes]
+        # Minutes were kept as text up to the minute (plus the zone where the format has one).
+        values = [m + b":00" + (z or b"") if m is not None else b"" for m, z in zip(minutes, zones)]
         stamps = timestamps.convert(kind, values, tz=tz) if values else pd.DatetimeIndex([], tz="UTC")
     def text(values):
         return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in values]
