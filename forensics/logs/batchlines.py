@@ -86,6 +86,7 @@ class Shape:
 
     kind: str  # "prefill" | "decode"
     columns: tuple[str, ...]
+    labels: tuple[bytes, ...] = ()  # the labels as printed, in order
 
 
 @dataclass
@@ -104,14 +105,43 @@ class ShapeRows:
 def learn_shape(kind: bytes, fields: bytes) -> Shape | None:
     """Parse a field list slowly to learn its layout; None when it is not a batch field list."""
     columns = []
+    labels = []
     for part in fields.rstrip(b"\r\n").split(b", "):
         label, sep, _value = part.rpartition(b": ")
         if not sep:
             return None
         columns.append(column_for(kind, label))
+        labels.append(label)
     if not columns:
         return None
-    return Shape(kind=kind.decode().lower(), columns=tuple(columns))
+    return Shape(kind=kind.decode().lower(), columns=tuple(columns), labels=tuple(labels))
+
+
+def number_table(shape: Shape, fields: list[bytes]) -> np.ndarray | None:
+    """All values of many field lists of one shape as a (rows x fields) float table, in C.
+
+    The labels are fixed for a shape, so deleting them (with their separators) leaves
+    only numbers and booleans, which numpy reads in one pass. None when anything else
+    is left over (the caller then takes the slower, per-value path).
+    """
+    if not shape.labels:
+        return None
+    blob = b"\n" + b"\n".join(fields)
+    for index, label in enumerate(shape.labels):
+        blob = blob.replace((b", " if index else b"\n") + label + b": ", b" ")
+    blob = blob.replace(b"%", b"").replace(b"True", b"1").replace(b"False", b"0").replace(b"\r", b"")
+    try:
+        numbers = np.fromstring(blob, dtype=np.float64, sep=" ")
+    except ValueError:
+        return None
+    if numbers.size != len(fields) * len(shape.labels):
+        return None
+    return numbers.reshape(len(fields), len(shape.labels))
+
+
+def columns_from_numbers(shape: Shape, table: np.ndarray) -> dict[str, np.ndarray]:
+    return {name: (table[:, index] == 1.0) if name in BOOL_SET else table[:, index]
+            for index, name in enumerate(shape.columns)}
 
 
 def shape_key(kind: bytes, fields: bytes) -> tuple[bytes, bytes]:

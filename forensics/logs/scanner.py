@@ -475,12 +475,16 @@ class SourceScanner:
             self._emit_batch_frame(shape, timestamps.EPOCH_US, ts, ranks, iters, fields, (hosts, units))
 
     def _emit_batch_frame(self, shape, ts_kind, ts, ranks, iters, fields, origins) -> None:
-        values = batchlines.VALUES_IN_LINES.findall(b"\n".join(fields).replace(b"%", b"").replace(b"\r", b""))
-        width = len(shape.columns)
-        if len(values) != len(fields) * width:
-            return  # cannot happen for lines of one key; refuse rather than misalign columns
-        table = np.array(values, dtype=np.bytes_).reshape(len(fields), width)
-        frame = pd.DataFrame(batchlines.columns_from_table(shape, table))
+        numbers = batchlines.number_table(shape, list(fields))
+        if numbers is not None:
+            frame = pd.DataFrame(batchlines.columns_from_numbers(shape, numbers))
+        else:
+            values = batchlines.VALUES_IN_LINES.findall(b"\n".join(fields).replace(b"%", b"").replace(b"\r", b""))
+            width = len(shape.columns)
+            if len(values) != len(fields) * width:
+                return  # cannot happen for lines of one key; refuse rather than misalign columns
+            table = np.array(values, dtype=np.bytes_).reshape(len(fields), width)
+            frame = pd.DataFrame(batchlines.columns_from_table(shape, table))
         frame.insert(0, "ts", timestamps.convert(ts_kind, ts, tz=self.tz, year=self.year))
         frame.insert(1, "ts_source", "sglang" if self.fmt == "plain" else "journal")
         frame.insert(2, "kind", shape.kind)
@@ -575,7 +579,7 @@ class SourceScanner:
         if self.fmt == "plain":
             return data.count(b"\n[20") + (1 if data.startswith(b"[20") else 0) + blank
         if self.fmt == "short-iso":
-            prefixed = data.count(b"\n1") + data.count(b"\n2") + (1 if head[1:2] in (b"1", b"2") else 0)
+            prefixed = data.count(b"\n2") + (1 if head[1:2] == b"2" else 0)  # years 2000-2999
         elif self.fmt == "short-precise":
             prefixed = sum(data.count(p) for p in MONTH_PREFIXES) + (1 if any(head.startswith(p) for p in MONTH_PREFIXES) else 0)
         else:
