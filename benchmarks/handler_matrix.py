@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
 
     from forensics.cache import cache_dir
     from forensics.handlers.handler_map import build
-    from forensics.handlers.matrix import matrix
+    from forensics.handlers.release_matrix import matrix
     from forensics.sglang_source import available_releases, fetch
 
     releases = available_releases("0.5.1", "0.5.23")

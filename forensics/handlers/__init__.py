@@ -59,8 +59,8 @@ def diff(release, a: str = "nixl", b: str = "mooncake", *, confirm: bool = False
 
 
 def matrix(releases=None, **options):
-    """Per release x backend (default: every 0.5.x release on PyPI): see :mod:`forensics.handlers.matrix`."""
-    from forensics.handlers.matrix import matrix as build_matrix
+    """Per release x backend (default: every 0.5.x release on PyPI): see :mod:`forensics.handlers.release_matrix`."""
+    from forensics.handlers.release_matrix import matrix as build_matrix
     from forensics.sglang_source import available_releases
 
     if releases is None:

@@ -18,7 +18,7 @@ silently) or the thread dies, with the line that decides it.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from forensics.handlers.model import (
     DIES,
@@ -950,9 +950,3 @@ def _summary(code: LoopCode, body: list[ast.stmt], fallback: str) -> str:
     if ends:
         text = f"{text}; {ends[-1]}" if text else ends[-1]
     return f"{fallback}: {text}" if fallback and text else text or fallback
-
-
-def with_source(outcome: Outcome, code: LoopCode, node: ast.AST) -> Outcome:
-    first = getattr(node, "lineno", code.loop.lineno)
-    last = getattr(node, "end_lineno", first) or first
-    return replace(outcome, source=code.parsed.segment(first, last))
