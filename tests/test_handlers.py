@@ -244,6 +244,11 @@ def test_sandbox_confirms_the_critical_nixl_findings():
     assert "Foreign traffic?" in nixl[(UNHANDLED, "ABORT")]
     assert nixl[(FRAGILE, "<unknown tag>")].startswith("died")
     assert "static: dies; sandbox: died" in result._repr_html_()
+    # 0.5.23: the decode's BOOTSTRAP frame (prefill_complete policy) is new, and the real loop dies on it.
+    newer = diff("0.5.23", "nixl", "mooncake", confirm=True)
+    bootstrap = [f for f in newer.findings if f.backend == "nixl" and f.tag == "BOOTSTRAP"]
+    assert [f.confirmation.split(":")[0] for f in bootstrap] == ["died"]
+    assert any("policy" in c for c in bootstrap[0].conditions)
 
 
 @pytest.mark.timeout(120)

@@ -18,7 +18,7 @@ from packaging.version import Version
 
 from forensics.handlers.model import DECODE, DIES, HANDLED, PREFILL
 
-ANALYSIS_VERSION = "1"  # bump when the analysis changes what a row says
+ANALYSIS_VERSION = "2"  # bump when the analysis changes what a row says
 COLUMNS = [
     "release", "backend", "inherits", "decode_sends_abort", "handles_abort", "abort_fate", "abort_kills",
     "dies_on_unknown", "daemon", "wrapper", "per_message_try", "bootstrap_timeout", "frames_sent",

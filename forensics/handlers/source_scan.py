@@ -686,9 +686,15 @@ def _reached_from(index: SourceIndex, function: ast.FunctionDef, parsed: ParsedF
     directory = parsed.relpath.split("/")[0]
     if directory not in ("common", "base"):
         return directory in own
+    owner = index.enclosing_class(function, parsed)
+    if owner is not None and any(
+        info.file.relpath.startswith("base/") and function.name in info.methods
+        for info in index.mro(owner.name, owner.file)
+    ):
+        return True  # part of the Base* interface (init, abort, poll...): the scheduler calls it
     callers = _calls_to(index, function.name, function, parsed)
     if not callers:
-        return True  # an entry point (abort(), init()): called by the scheduler, outside these files
+        return True  # an entry point called from outside these files
     for call, caller_file in callers:
         caller_directory = caller_file.relpath.split("/")[0]
         if caller_directory in (backend, classes.parent_backend):
