@@ -24,6 +24,15 @@ def discover() -> dict[str, object]:
 
 
 def main(argv: list[str]) -> int:
+    if argv and not argv[0].startswith("-"):
+        # One benchmark: import only it, so another module's heavy or broken import cannot stop it.
+        name, rest = argv[0], argv[1:]
+        names = {info.name for info in pkgutil.iter_modules([str(Path(__file__).parent)])}
+        module = importlib.import_module(f"benchmarks.{name}") if name in names else None
+        if module is None or not (hasattr(module, "BENCHMARK") and hasattr(module, "main")):
+            print(f"no benchmark {name!r}; `python -m benchmarks --list` names them", file=sys.stderr)
+            return 2
+        return module.main(rest)
     benchmarks = discover()
     if argv and argv[0] in ("-h", "--help", "--list"):
         print(__doc__.strip().split("\n")[0])
@@ -31,11 +40,8 @@ def main(argv: list[str]) -> int:
             print(f"  {name:24} {module.BENCHMARK}")
         return 0
     if argv:
-        name, rest = argv[0], argv[1:]
-        if name not in benchmarks:
-            print(f"no benchmark {name!r}; known: {', '.join(sorted(benchmarks))}", file=sys.stderr)
-            return 2
-        return benchmarks[name].main(rest)
+        print(f"unknown option {argv[0]!r}; use --list or a benchmark name", file=sys.stderr)
+        return 2
     status = 0
     for name, module in sorted(benchmarks.items()):
         print(f"== {name}: {module.BENCHMARK}", file=sys.stderr)
