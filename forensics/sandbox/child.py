@@ -143,7 +143,11 @@ def main(argv: list[str]) -> int:
         try:
             if op == "close":
                 reply({"ok": True, **session.close()})
-                return 0
+                replies.close()
+                sys.stderr.flush()
+                # Everything is closed and reported; skip interpreter finalisation (NIXL/UCX
+                # destructors, module teardown), which only costs time in a throwaway process.
+                os._exit(0)
             result = getattr(session, f"op_{op}")(**request)
             reply({"ok": True, **result})
         except BaseException as exc:

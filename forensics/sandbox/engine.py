@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from forensics.cache import cache_dir
 from forensics.sandbox.child import SETUP_ENV
 from forensics.sandbox.errors import SandboxError
 
@@ -111,6 +112,11 @@ class EngineSandbox:
         env = dict(os.environ)
         env[SETUP_ENV] = json.dumps(setup)
         env.pop("PYTHONOPTIMIZE", None)  # the GUARD is an assert: -O would change the behaviour
+        # Bytecode of the release (and of anything else without .pyc) is kept in the cache, not
+        # beside the sources: compiling nixl/conn.py and common/conn.py on every start costs more
+        # than the rest of the import.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env.setdefault("PYTHONPYCACHEPREFIX", str(cache_dir() / "pycache"))
         package_parent = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
         with open(self._stdout_path, "wb") as stdout, open(self._stderr_path, "wb") as stderr:

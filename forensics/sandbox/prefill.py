@@ -262,7 +262,6 @@ class PrefillLoop:
         *,
         backend: str = "nixl",
         host: str = "127.0.0.1",
-        context: zmq.Context | None = None,
         watch: ThreadWatch | None = None,
         capture_logs: bool = True,
     ) -> None:
@@ -272,8 +271,8 @@ class PrefillLoop:
         base = release.module("base.conn")
         self.KVPoll = base.KVPoll
         utils = release.module("utils")
-        self.context = context or zmq.Context()
-        self._own_context = context is None
+        # Its own context: close() terminates it to end the loop blocked in recv.
+        self.context = zmq.Context()
         self.watch = watch or ThreadWatch()
         self.watch.install(self._describe_thread)
         self.logs = LogCapture(self.watch)
@@ -449,19 +448,16 @@ class PrefillLoop:
             return
         self._closed = True
         self.watch.begin_teardown()
-        terminator = None
-        if self._own_context:
-            terminator = threading.Thread(target=self.context.term, name="sandbox-zmq-term", daemon=True)
-            terminator.start()
+        terminator = threading.Thread(target=self.context.term, name="sandbox-zmq-term", daemon=True)
+        terminator.start()
         for thread in self.threads:
             thread.join(timeout)
         # The loop is gone: now this thread may close every socket of the context (the PULL
         # socket and any the release opened itself, e.g. its ABORT_ACK PUSH sockets), which
         # lets term() return.
         self.socket.real_socket.close(linger=0)
-        if self._own_context:
-            for socket in list(getattr(self.context, "_sockets", ())):
-                socket.close(linger=0)
-        if terminator is not None:
-            terminator.join(timeout)
+        for socket in list(getattr(self.context, "_sockets", ())):
+            socket.close(linger=0)
+        terminator.join(timeout)
         self.logs.detach()
+        self.watch.uninstall()
