@@ -264,3 +264,11 @@ def test_throughput_benchmark_ci_sized(tmp_path):
     text = results.read_text()
     assert "keep me" in text and text.count(logs_throughput.SECTION_START) == 1
     assert "## Log forensics (again)" in text
+
+
+def test_benchmark_runner_names_unknown_benchmarks(capsys):
+    from benchmarks.__main__ import main
+
+    assert main(["no_such_benchmark"]) == 2
+    assert main(["journal_corpus"]) == 2  # a generator, not a benchmark
+    assert "--list" in capsys.readouterr().err
