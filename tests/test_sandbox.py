@@ -65,8 +65,9 @@ def test_0_5_15_unpatched_dies_on_abort_and_strands_later_rooms():
         assert "Exception in thread Thread-1 (bootstrap_thread):" in stderr
         assert f'nixl/conn.py", line {guard_line(conn_file)}, in bootstrap_thread' in stderr
         assert f"AssertionError: {GUARD_MESSAGE}" in stderr
-        messages = [r["message"] for r in sb.log_records()]
+        messages = [r["message"] for r in sb.log_records() if r["bootstrap_thread"]]
         assert "room=1 is bootstrapped" in messages
+        assert not any(m.startswith("Sent abort notification") for m in messages)  # the decode side's
     # Teardown is not a death: only the ABORT's AssertionError is reported.
     assert [e["exc_type"] for e in sb.exceptions()] == ["AssertionError"]
     assert sb.thread_alive() is False
@@ -269,3 +270,35 @@ def test_a_death_on_an_attribute_the_sandbox_did_not_set_is_a_sandbox_error_not_
             sb.settle()
         [death] = sb.exceptions()
         assert death["sandbox_gap"] == "NixlKVManager.probe_value"
+
+
+@pytest.mark.timeout(120)
+def test_without_nixl_the_loop_runs_with_a_recording_agent_and_still_dies_on_abort():
+    source = fetch("0.5.15")
+    with EngineSandbox(source, nixl=False) as sb:
+        assert sb.info["nixl"].startswith("disabled")
+        assert sb.info["agent"] == "recording stand-in (NIXL disabled)"
+        sb.create_rooms([1, 2, 3])
+        registration = sb.frames.registration()
+        assert registration[5].startswith(b"recording-agent:")  # the stand-in's metadata blob
+        sb.send(registration)
+        sb.send(sb.frames.transfer_info(room=1))
+        assert sb.settle() == "consumed" and sb.room_states()[1] == WAITING
+        sb.send(sb.frames.abort(room=2))
+        assert sb.settle() == "thread dead"
+        assert [e["line"] for e in sb.exceptions()] == [guard_line(source.backend_file("nixl"))]
+
+
+@pytest.mark.timeout(120)
+def test_a_tree_without_the_backend_is_a_sandbox_error_naming_the_missing_file(tmp_path):
+    import shutil
+
+    from forensics.sglang_source import SglangSource
+
+    real = fetch("0.5.15")
+    srt = tmp_path / "sglang" / "srt"
+    shutil.copytree(real.disaggregation, srt / "disaggregation", ignore=shutil.ignore_patterns("nixl"))
+    shutil.copy(real.srt / "environ.py", srt / "environ.py")
+    partial = SglangSource(version="0.5.15", root=tmp_path, origin="directory")
+    with pytest.raises(SandboxError, match=r"sglang\.srt\.disaggregation\.nixl is not in the tree .*disaggregation/nixl"):
+        EngineSandbox(partial)

@@ -30,6 +30,7 @@ from pathlib import Path
 from forensics.cache import cache_dir
 from forensics.sandbox.child import SETUP_ENV
 from forensics.sandbox.errors import SandboxError
+from forensics.sandbox.shim import NIXL_SWITCH_ENV
 
 KVPOLL_NAMES = {0: "Failed", 1: "Bootstrapping", 2: "WaitingForInput", 3: "Transferring", 4: "Success"}
 START_TIMEOUT_S = 60.0
@@ -80,15 +81,17 @@ class EngineSandbox:
     """The real bootstrap loop of ``source`` (patched with ``conn_file`` if given) in a child process.
 
     ``source``: an :class:`~forensics.sglang_source.SglangSource`, a release number
-    (fetched into the cache) or a directory holding ``sglang/srt``. Raises
+    (fetched into the cache) or a directory holding ``sglang/srt``. ``nixl=False`` runs as on a
+    machine without NIXL (``nixl`` unimportable, a recording stand-in agent). Raises
     :class:`SandboxError` when the release cannot be set up here (the message names the
     missing piece), which callers report as INCONCLUSIVE.
     """
 
     def __init__(self, source, *, backend: str = "nixl", conn_file: str | Path | None = None,
-                 start_timeout: float = START_TIMEOUT_S) -> None:
+                 nixl: bool = True, start_timeout: float = START_TIMEOUT_S) -> None:
         self.root, self.version = _resolve_source(source)
         self.backend = backend
+        self.use_nixl = nixl
         self.conn_file = Path(conn_file).resolve() if conn_file is not None else None
         if self.conn_file is not None and not self.conn_file.is_file():
             raise SandboxError(f"replacement conn file {self.conn_file} does not exist")
@@ -111,6 +114,8 @@ class EngineSandbox:
                  "conn_file": str(self.conn_file) if self.conn_file else None}
         env = dict(os.environ)
         env[SETUP_ENV] = json.dumps(setup)
+        if not self.use_nixl:
+            env[NIXL_SWITCH_ENV] = "off"
         env.pop("PYTHONOPTIMIZE", None)  # the GUARD is an assert: -O would change the behaviour
         # Bytecode of the release (and of anything else without .pyc) is kept in the cache, not
         # beside the sources: compiling nixl/conn.py and common/conn.py on every start costs more

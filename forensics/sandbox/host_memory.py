@@ -203,6 +203,10 @@ class RecordingAgent:
 def make_agent(role: str):
     """(agent, description): a real NIXL agent on UCX when NIXL imports, else a RecordingAgent."""
     name = str(uuid.uuid4())
+    from forensics.sandbox.shim import nixl_disabled
+
+    if nixl_disabled():
+        return RecordingAgent(name), "recording stand-in (NIXL disabled)"
     api = sys.modules.get("nixl._api")
     if api is None:
         try:

@@ -81,6 +81,9 @@ class LogCapture(logging.Handler):
         self.watch = watch
         self.records: list[dict] = []
         self._records_lock = threading.Lock()
+        # Threads of the engine's bootstrap loop: their records are the prefill's; the others
+        # come from the sandbox's decode side (frame building) in the same process.
+        self.loop_threads: list[threading.Thread] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -93,6 +96,7 @@ class LogCapture(logging.Handler):
             "message": message,
             "time": record.created,
             "thread": record.threadName,
+            "bootstrap_thread": threading.current_thread() in self.loop_threads,
             "exc_text": logging.Formatter().formatException(record.exc_info) if record.exc_info else None,
             "during_teardown": self.watch.teardown_at is not None,
         }

@@ -351,6 +351,7 @@ class PrefillLoop:
         before = set(threading.enumerate())
         start()
         self.threads = [t for t in threading.enumerate() if t not in before]
+        self.logs.loop_threads = self.threads
         if not self.threads:
             raise SandboxError(f"sglang {self.release.version}: {start.__name__}() started no thread")
 

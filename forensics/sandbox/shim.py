@@ -25,6 +25,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
+import os
 import re
 import sys
 import threading
@@ -109,6 +110,8 @@ class ReleaseFinder(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path, target=None):
         top = fullname.split(".")[0]
+        if top == "nixl" and nixl_disabled():
+            raise ModuleNotFoundError(f"No module named {fullname!r} ({NIXL_SWITCH_ENV}=off)", name=fullname)
         if top != "sglang" and top not in self.stub_tops:
             return None
         if fullname in REAL_OUTSIDE_DISAGGREGATION:
@@ -133,7 +136,11 @@ class ReleaseFinder(importlib.abc.MetaPathFinder):
         if fullname == DISAGGREGATION or fullname.startswith(DISAGGREGATION + "."):
             spec = importlib.machinery.PathFinder.find_spec(fullname, path)
             if spec is None:
-                raise UnexpectedImport(fullname, _importer(), self.release.version)
+                relative = Path(*fullname.split("."))
+                raise SandboxError(
+                    f"sglang {self.release.version}: {fullname} is not in the tree at {self.release.root} "
+                    f"(no {relative}.py or {relative}/; imported by {_importer()})"
+                )
             self.release.real.append(fullname)
             return spec
         raise UnexpectedImport(fullname, _importer(), self.release.version)
@@ -159,8 +166,17 @@ def _version_of(root: Path) -> str:
     raise SandboxError(f"{root}: cannot tell which sglang release this is (no manifest.json or version file); pass version=")
 
 
+NIXL_SWITCH_ENV = "PD_FORENSICS_SANDBOX_NIXL"  # "off": behave as on a machine without NIXL
+
+
+def nixl_disabled() -> bool:
+    return os.environ.get(NIXL_SWITCH_ENV, "").lower() in ("off", "0", "no", "false")
+
+
 def _alias_nixl() -> str:
     """Make ``import nixl._api`` give the real NIXL from the nixl_cu12 wheel, if it imports."""
+    if nixl_disabled():
+        return f"disabled ({NIXL_SWITCH_ENV}=off): nixl is unimportable"
     if importlib.util.find_spec("nixl") is not None:
         import nixl  # noqa: F401  (a real `nixl` install wins)
 
