@@ -98,8 +98,8 @@ def test_batch_history_shows_the_bootstrap_queue_growing(plain_scan, incident_05
     assert probes["bootstrap_req"].iloc[-1] > 100
     decode = scan.batches[scan.batches["kind"] == "decode"]
     assert decode["cuda_graph"].all()
-    assert str(prefill["bootstrap_req"].dtype) == "Int64"
-    assert str(prefill["input_throughput"].dtype) == "float64"
+    assert str(prefill["bootstrap_req"].dtype) == "Int32"
+    assert str(prefill["input_throughput"].dtype) == "float32"
     assert prefill["tp_rank"].eq(0).all()
 
 

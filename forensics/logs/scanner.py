@@ -19,9 +19,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 
 from forensics.logs import batchlines, catalogue, timestamps
+from forensics.logs.batchstore import BatchStore
 from forensics.logs.lineformats import (
     JOURNAL_ISO,
     JOURNAL_META,
@@ -69,7 +69,7 @@ class SourceResult:
     source: LogSource
     fmt: str
     events: list[dict] = field(default_factory=list)
-    batches: list[pd.DataFrame] = field(default_factory=list)
+    batches: BatchStore = field(default_factory=BatchStore)
     access: Counter = field(default_factory=Counter)
     access_minute_kind: str = timestamps.SGLANG
     lines_total: int = 0
@@ -477,31 +477,33 @@ class SourceScanner:
     def _emit_batch_frame(self, shape, ts_kind, ts, ranks, iters, fields, origins) -> None:
         numbers = batchlines.number_table(shape, list(fields))
         if numbers is not None:
-            frame = pd.DataFrame(batchlines.columns_from_numbers(shape, numbers))
+            columns = batchlines.columns_from_numbers(shape, numbers)
         else:
             values = batchlines.VALUES_IN_LINES.findall(b"\n".join(fields).replace(b"%", b"").replace(b"\r", b""))
             width = len(shape.columns)
             if len(values) != len(fields) * width:
                 return  # cannot happen for lines of one key; refuse rather than misalign columns
             table = np.array(values, dtype=np.bytes_).reshape(len(fields), width)
-            frame = pd.DataFrame(batchlines.columns_from_table(shape, table))
-        frame.insert(0, "ts", timestamps.convert(ts_kind, ts, tz=self.tz, year=self.year))
-        frame.insert(1, "ts_source", "sglang" if self.fmt == "plain" else "journal")
-        frame.insert(2, "kind", shape.kind)
+            columns = batchlines.columns_from_table(shape, table)
+        n = len(fields)
+        stamps = timestamps.convert(ts_kind, ts, tz=self.tz, year=self.year).tz_convert("UTC").tz_localize(None)
         rank_cache: dict = {}
         for text in set(ranks):
             rank_cache[text] = tuple(np.nan if v is None else v for v in parse_ranks(text or b""))
-        rank_rows = np.array([rank_cache[text] for text in ranks], dtype=float)
-        frame["dp_rank"] = rank_rows[:, 0]
-        frame["tp_rank"] = rank_rows[:, 1]
-        frame["pp_rank"] = rank_rows[:, 2]
+        rank_rows = np.array([rank_cache[text] for text in ranks], dtype=np.float32).reshape(n, 3)
         iter_cache = {text: (float(text) if text else np.nan) for text in set(iters)}
-        frame["iter"] = np.array([iter_cache[text] for text in iters], dtype=float)
+        numbers_out = {name: np.asarray(values, dtype=np.float32) for name, values in columns.items()}
+        numbers_out["dp_rank"] = rank_rows[:, 0]
+        numbers_out["tp_rank"] = rank_rows[:, 1]
+        numbers_out["pp_rank"] = rank_rows[:, 2]
+        numbers_out["iter"] = np.array([iter_cache[text] for text in iters], dtype=np.float32)
+        per_row = {}
         if origins is not None:
             for name, raw in zip(("host", "unit"), origins):
                 names = {value: _text(value) for value in set(raw)}
-                frame[name] = pd.Series([names[value] for value in raw], dtype="string")
-        self.result.batches.append(frame)
+                per_row[name] = [names[value] for value in raw]
+        constants = {"kind": shape.kind, "ts_source": "sglang" if self.fmt == "plain" else "journal"}
+        self.result.batches.add(n, stamps.to_numpy(), numbers_out, constants, per_row)
         if shape.kind == "prefill":
             self.result.saw_prefill_batch = True
         else:

@@ -35,21 +35,23 @@ EVENT_COLUMNS: dict[str, str] = {
     "offset": "Int64",  # byte offset of the first line in the (decompressed) source
 }
 
-# One row per "Prefill batch" / "Decode batch" line.
+# One row per "Prefill batch" / "Decode batch" line. Millions of rows are normal, so the
+# texts are categories and the numbers 32-bit.
 BATCH_ID_COLUMNS: dict[str, str] = {
     "ts": "datetime64[ns, UTC]",
-    "ts_source": "string",
-    "host": "string",
-    "role": "string",
-    "source": "string",
-    "kind": "string",  # prefill | decode
-    "iter": "Int64",  # forward iteration when the line carries "[N]"
-    "dp_rank": "Int64",
-    "tp_rank": "Int64",
-    "pp_rank": "Int64",
+    "ts_source": "category",
+    "host": "category",
+    "role": "category",
+    "source": "category",
+    "kind": "category",  # prefill | decode
+    "iter": "Int32",  # forward iteration when the line carries "[N]"
+    "dp_rank": "Int32",
+    "tp_rank": "Int32",
+    "pp_rank": "Int32",
 }
-# Numeric batch fields, by normalised name. Counts are nullable integers, ratios floats;
-# a field a release does not print is <NA>/NaN in its rows.
+# Numeric batch fields, by normalised name. Counts are nullable Int32, ratios float32;
+# a field a release does not print is <NA>/NaN in its rows, and a documented field no
+# line printed at all is an all-missing sparse column (it costs no memory per row).
 BATCH_COUNT_FIELDS = (
     "new_seq", "new_token", "cached_token", "running_req", "queue_req", "pending_token",
     "bootstrap_req", "inflight_req", "optimistic_req", "replay_token", "waiting_image_req",

@@ -183,13 +183,12 @@ def _assemble(results: list[SourceResult], problems, notes, since, until, tz) ->
             "access_lines": int(sum(result.access.values())),
         })
     events = _concat(event_frames, EVENT_COLUMNS)
-    batches = _concat(batch_frames, _batch_columns(batch_frames))
+    batches = _batches(batch_frames)
     access = _concat(access_frames, ACCESS_COLUMNS)
     events = _window(events, "ts", since, until, tz)
     batches = _window(batches, "ts", since, until, tz)
     access = _window(access, "minute", since, until, tz)
     events = events.sort_values(["ts", "source", "line"], kind="stable", na_position="last").reset_index(drop=True)
-    batches = batches.sort_values(["ts"], kind="stable", na_position="last").reset_index(drop=True)
     access = access.sort_values(["minute", "path"], kind="stable", na_position="last").reset_index(drop=True)
     sources = pd.DataFrame(source_rows, columns=["source", "format", "role", "host", "lines", "lines_unknown",
                                                  "events", "batch_rows", "access_lines"])
@@ -256,37 +255,46 @@ def _batch_columns(frames: list[pd.DataFrame]) -> dict[str, str]:
     for frame in frames:
         present.update(frame.columns)
     for name in BATCH_COUNT_FIELDS:
-        columns[name] = "Int64"
+        columns[name] = "Int32"
     for name in BATCH_FLOAT_FIELDS:
-        columns[name] = "float64"
+        columns[name] = "float32"
     for name in BATCH_BOOL_FIELDS:
         columns[name] = "boolean"
-    columns["unit"] = "string"
+    columns["unit"] = "category"
     for name in sorted(present - set(columns)):
-        columns[name] = "float64"  # a field a newer release prints that the schema does not list yet
+        columns[name] = "float32"  # a field a newer release prints that the schema does not list yet
     return columns
 
 
 def _batch_frame(result: SourceResult, role, explicit_role, default_host) -> pd.DataFrame:
-    if not result.batches:
+    if not len(result.batches):
         return pd.DataFrame()
-    frame = pd.concat(result.batches, ignore_index=True)
-    for name in BATCH_COUNT_FIELDS:
-        if name in frame.columns:
-            frame[name] = np.round(frame[name])
-    frame["source"] = result.source.label
-    if "host" not in frame.columns:
-        frame["host"] = default_host
-    frame["host"] = frame["host"].fillna(default_host)
-    if "unit" not in frame.columns:
-        frame["unit"] = None
-    if explicit_role:
-        frame["role"] = explicit_role
+    return result.batches.frame(result.source.label, default_host, _role_of, role, explicit_role)
+
+
+def _batches(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """One batch frame in the documented column order, without more copies than needed."""
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return conform(pd.DataFrame(), _batch_columns([]))
+    if len(frames) == 1:
+        frame = frames[0]
     else:
-        units = frame["unit"].astype("object")
-        mapping = {u: _role_of(u, role) for u in units.dropna().unique()}
-        frame["role"] = units.map(mapping).astype("object").where(units.notna(), role)
-    return frame
+        frame = pd.concat(frames, ignore_index=True)
+        for name in ("ts_source", "kind", "host", "unit", "source", "role"):
+            frame[name] = frame[name].astype("category")
+    n = len(frame)
+    ordered = {}
+    for name in _batch_columns([frame]):
+        if name in frame.columns:
+            ordered[name] = frame[name]
+        else:
+            # A documented field no line printed: all-missing, stored sparse (no memory per row).
+            ordered[name] = pd.Series(pd.arrays.SparseArray(np.full(n, np.nan, dtype=np.float32)), index=frame.index)
+    result = pd.DataFrame(ordered, copy=False)
+    if not result["ts"].is_monotonic_increasing:
+        result = result.sort_values("ts", kind="stable", na_position="last")
+    return result.reset_index(drop=True)
 
 
 def _access_frame(result: SourceResult, role, explicit_role, default_host, tz) -> pd.DataFrame:

@@ -1,0 +1,110 @@
+"""Batch rows of one source, kept column by column in compact pieces until the scan ends.
+
+A busy deployment prints millions of batch lines; a DataFrame per chunk concatenated at
+the end holds every row twice and in wide types. Here each numeric field is kept as
+float32 pieces (NaN where a line did not print it), times as int64, and the few
+distinct texts (kind, host, unit) as small codes. ``frame()`` builds the final columns
+one at a time, freeing the pieces as it goes, so the peak is about one copy of the
+compact result.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+
+from forensics.logs.schema import BATCH_BOOL_FIELDS, BATCH_COUNT_FIELDS
+
+COUNT_SET = frozenset(BATCH_COUNT_FIELDS) | {"iter", "dp_rank", "tp_rank", "pp_rank"}
+BOOL_SET = frozenset(BATCH_BOOL_FIELDS)
+TEXT_COLUMNS = ("ts_source", "kind", "host", "unit")
+
+
+class BatchStore:
+    def __init__(self) -> None:
+        self.rows = 0
+        self.numbers: dict[str, list[tuple[int, np.ndarray]]] = defaultdict(list)
+        self.times: list[tuple[int, np.ndarray]] = []
+        self.texts: dict[str, list[tuple[int, np.ndarray]]] = defaultdict(list)
+        self.vocabulary: dict[str, dict[str | None, int]] = defaultdict(dict)
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def _code(self, column: str, value: str | None) -> int:
+        vocabulary = self.vocabulary[column]
+        code = vocabulary.get(value)
+        if code is None:
+            code = vocabulary[value] = len(vocabulary)
+        return code
+
+    def add(self, n: int, times: np.ndarray, numbers: dict[str, np.ndarray], constants: dict[str, str],
+            per_row: dict[str, list[str | None]]) -> None:
+        """Append ``n`` rows: times (datetime64[ns] UTC, naive), numeric columns, texts."""
+        offset = self.rows
+        self.times.append((offset, np.asarray(times, dtype="datetime64[ns]")))
+        for name, values in numbers.items():
+            self.numbers[name].append((offset, np.asarray(values, dtype=np.float32)))
+        for name, value in constants.items():
+            self.texts[name].append((offset, np.full(n, self._code(name, value), dtype=np.int16)))
+        for name, values in per_row.items():
+            codes = {value: self._code(name, value) for value in set(values)}
+            self.texts[name].append((offset, np.fromiter((codes[v] for v in values), dtype=np.int16, count=n)))
+        self.rows += n
+
+    def frame(self, source: str, default_host: str, role_of_unit, role: str, explicit_role: str | None) -> pd.DataFrame:
+        n = self.rows
+        columns: dict[str, object] = {}
+        stamps = np.full(n, np.datetime64("NaT"), dtype="datetime64[ns]")
+        for offset, piece in self.times:
+            stamps[offset: offset + len(piece)] = piece
+        self.times = []
+        columns["ts"] = pd.DatetimeIndex(stamps).tz_localize("UTC")
+        for name in TEXT_COLUMNS:
+            columns[name] = self._categorical(name, n)
+        host = columns["host"]
+        if host.isna().any():
+            if default_host not in host.categories:
+                host = host.add_categories([default_host])
+            host = host.fillna(default_host)
+        columns["host"] = host
+        columns["source"] = pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[source])
+        if explicit_role:
+            columns["role"] = pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[explicit_role])
+        else:
+            unit = columns["unit"]
+            mapping = [role_of_unit(u, role) for u in unit.categories]
+            codes = unit.codes
+            categories = sorted(set(mapping) | {role})
+            lookup = np.array([categories.index(m) for m in mapping] + [categories.index(role)], dtype=np.int8)
+            columns["role"] = pd.Categorical.from_codes(lookup[np.where(codes >= 0, codes, len(mapping))],
+                                                        categories=categories)
+        for name in list(self.numbers):
+            full = np.full(n, np.nan, dtype=np.float32)
+            for offset, piece in self.numbers.pop(name):
+                full[offset: offset + len(piece)] = piece
+            columns[name] = _typed(name, full)
+        return pd.DataFrame(columns, copy=False)
+
+    def _categorical(self, name: str, n: int) -> pd.Categorical:
+        vocabulary = self.vocabulary.get(name, {})
+        codes = np.full(n, -1, dtype=np.int16)
+        for offset, piece in self.texts.pop(name, []):
+            codes[offset: offset + len(piece)] = piece
+        categories = list(vocabulary)
+        if None in vocabulary:
+            none_code = vocabulary[None]
+            codes = np.where(codes == none_code, -1, codes - (codes > none_code)).astype(np.int16)
+            categories.remove(None)
+        return pd.Categorical.from_codes(codes, categories=categories)
+
+
+def _typed(name: str, values: np.ndarray):
+    missing = np.isnan(values)
+    if name in BOOL_SET:
+        return pd.arrays.BooleanArray(values == 1.0, missing)
+    if name in COUNT_SET:
+        return pd.arrays.IntegerArray(np.where(missing, 0, values).astype(np.int32), missing)
+    return values  # float32, NaN where not printed
