@@ -69,6 +69,10 @@ def test_0_5_15_unpatched_dies_on_abort_and_strands_later_rooms():
         assert "room=1 is bootstrapped" in messages
         assert not any(m.startswith("Sent abort notification") for m in messages)  # the decode side's
     # Teardown is not a death: only the ABORT's AssertionError is reported.
+    snapshot = sb.snapshot()
+    assert snapshot.thread_word.startswith("bootstrap thread DEAD: AssertionError")
+    assert snapshot.to_frame()["state"].tolist() == ["WaitingForInput", "Bootstrapping", "Bootstrapping", "Bootstrapping"]
+    assert "DEAD" in sb._repr_html_() and "WaitingForInput" in sb._repr_html_()
     assert [e["exc_type"] for e in sb.exceptions()] == ["AssertionError"]
     assert sb.thread_alive() is False
 

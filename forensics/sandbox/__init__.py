@@ -26,7 +26,8 @@ _LAZY = {
     "DecodePeer": "forensics.sandbox.decode",
     "STUB_RULES": "forensics.sandbox.stubs",
     "rules_for": "forensics.sandbox.stubs",
-    "KVPOLL_NAMES": "forensics.sandbox.engine",
+    "KVPOLL_NAMES": "forensics.sandbox.snapshot",
+    "SandboxSnapshot": "forensics.sandbox.snapshot",
 }
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "LoadedRelease",
     "PrefillLoop",
     "SandboxError",
+    "SandboxSnapshot",
     "UnexpectedImport",
     "load_release",
     "rules_for",
@@ -44,9 +46,10 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from forensics.sandbox.decode import DecodePeer
-    from forensics.sandbox.engine import KVPOLL_NAMES, EngineSandbox
+    from forensics.sandbox.engine import EngineSandbox
     from forensics.sandbox.prefill import PrefillLoop
     from forensics.sandbox.shim import LoadedRelease, load_release
+    from forensics.sandbox.snapshot import KVPOLL_NAMES, SandboxSnapshot
     from forensics.sandbox.stubs import STUB_RULES, rules_for
 
 

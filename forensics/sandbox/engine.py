@@ -31,8 +31,10 @@ from forensics.cache import cache_dir
 from forensics.sandbox.child import SETUP_ENV
 from forensics.sandbox.errors import SandboxError
 from forensics.sandbox.shim import NIXL_SWITCH_ENV
+from forensics.sandbox.snapshot import KVPOLL_NAMES, SandboxSnapshot
 
-KVPOLL_NAMES = {0: "Failed", 1: "Bootstrapping", 2: "WaitingForInput", 3: "Transferring", 4: "Success"}
+__all__ = ["KVPOLL_NAMES", "EngineSandbox", "FrameFactory"]
+
 START_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 30.0
 
@@ -310,6 +312,22 @@ class EngineSandbox:
                     stream.close()
                 except OSError:
                     pass
+
+    def snapshot(self) -> SandboxSnapshot:
+        """The loop's thread, rooms and exceptions now (or at teardown, once closed)."""
+        state = self.state()
+        return SandboxSnapshot(
+            version=self.version, backend=self.backend,
+            patched=str(self.conn_file) if self.conn_file else None,
+            endpoint=self.info.get("endpoint"), alive=state["alive"], rooms=state["rooms"],
+            exceptions=self.exceptions(), consumed=state.get("consumed"), closed=self.final_state is not None,
+        )
+
+    def __rich__(self):
+        return self.snapshot().__rich__()
+
+    def _repr_html_(self) -> str:
+        return self.snapshot()._repr_html_()
 
     def __enter__(self) -> EngineSandbox:
         return self
