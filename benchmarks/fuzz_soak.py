@@ -70,20 +70,41 @@ def soak(version: str, *, patched: bool, frames: int, batch: int, seed: int, wel
     }
 
 
+def kill_table(version: str, *, seed: int) -> dict[str, str]:
+    """One fresh UNPATCHED sandbox per hostile kind, one frame of that kind: what does it do to the loop?"""
+    from patched_engine.fuzz import KINDS
+
+    source = fetch(version)
+    outcome = {}
+    for kind in KINDS:
+        with EngineSandbox(source) as sandbox:
+            session = FuzzSession(sandbox)
+            session.send(*HostileFrames(session.template, seed=seed).frame(kind))
+            if session.settle(timeout=60):
+                outcome[kind] = "survives"
+            else:
+                outcome[kind] = f"dies: {session.tally.first_killing_frame['exception'][:90]}"
+            session.close()
+    return outcome
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--frames", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sglang", nargs="+", default=["0.5.15", "0.5.23"], help="releases soaked patched")
+    parser.add_argument("--sglang", nargs="*", default=["0.5.15", "0.5.23"], help="releases soaked patched")
     parser.add_argument("--unpatched", nargs="*", default=["0.5.23"], help="releases run unpatched until death")
+    parser.add_argument("--kill-table", nargs="*", default=[], metavar="RELEASE",
+                        help="also: one unpatched sandbox per hostile kind, does one frame kill the loop?")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    tables = {v: kill_table(v, seed=args.seed) for v in args.kill_table}
 
     results = [soak(v, patched=True, frames=args.frames, batch=args.batch, seed=args.seed) for v in args.sglang]
     results += [soak(v, patched=False, frames=args.frames, batch=args.batch, seed=args.seed) for v in args.unpatched]
     if args.json:
-        print(json.dumps({"load_average": os.getloadavg(), "results": results}, indent=2))
+        print(json.dumps({"load_average": os.getloadavg(), "results": results, "kill_tables": tables}, indent=2))
     else:
         print(f"load average {os.getloadavg()}")
         for r in results:
@@ -94,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             if r["first_killing_frame"]:
                 print(f"    first killing frame: {json.dumps(r['first_killing_frame'])}")
+        for version, table in tables.items():
+            print(f"unpatched sglang {version}, one frame of each kind:")
+            for kind, result in table.items():
+                print(f"    {kind:24} {result}")
     patched_ok = all(r["deaths"] == 0 and r["rooms_not_bootstrapped"] == 0 for r in results if r["file"] == "patched")
     return 0 if patched_ok else 1
 

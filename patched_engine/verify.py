@@ -384,14 +384,15 @@ def verify_release(spec: str | Path) -> VerifyResult:
         original = source.backend_file("nixl")
     except SourceError as exc:
         return inconclusive(f"could not get the release's source: {exc}", str(spec))
-    try:
-        patched_file, patch_steps = patched_file_for(source, original)
-    except PatchError as exc:
-        return inconclusive(f"the codemod refused this release's nixl/conn.py: {exc}", source.version)
-
-    # Two independent interpreters: run them side by side.
+    # Two independent interpreters side by side; the unpatched one starts while the codemod
+    # (or its cache) produces the patched file.
     with ThreadPoolExecutor(max_workers=2) as pool:
         unpatched_future = pool.submit(run_scenario, source, None, "unpatched")
+        try:
+            patched_file, patch_steps = patched_file_for(source, original)
+        except PatchError as exc:
+            unpatched_future.result()
+            return inconclusive(f"the codemod refused this release's nixl/conn.py: {exc}", source.version)
         patched_future = pool.submit(run_scenario, source, patched_file, "patched")
         unpatched, patched = unpatched_future.result(), patched_future.result()
 
