@@ -117,6 +117,10 @@ def learn_shape(kind: bytes, fields: bytes) -> Shape | None:
     return Shape(kind=kind.decode().lower(), columns=tuple(columns), labels=tuple(labels))
 
 
+_KEEP_IN_NUMBERS = frozenset(b"0123456789.,")
+_DELETE_ALL_BUT_NUMBERS = bytes(b for b in range(256) if b not in b"0123456789.,\n")
+
+
 def number_table(shape: Shape, fields: list[bytes]) -> np.ndarray | None:
     """All values of many field lists of one shape as a (rows x fields) float table, in C.
 
@@ -126,12 +130,14 @@ def number_table(shape: Shape, fields: list[bytes]) -> np.ndarray | None:
     """
     if not shape.labels:
         return None
-    blob = b"\n" + b"\n".join(fields)
-    for index, label in enumerate(shape.labels):
-        blob = blob.replace((b", " if index else b"\n") + label + b": ", b" ")
-    blob = blob.replace(b"%", b"").replace(b"True", b"1").replace(b"False", b"0").replace(b"\r", b"")
+    if any(_KEEP_IN_NUMBERS.intersection(label) for label in shape.labels):
+        return None  # a label with digits or dots ("est. ... TFLOPS") would leave text behind
+    blob = b"\n".join(fields).replace(b"True", b"1").replace(b"False", b"0")
+    # Labels hold no digits, so deleting every byte but digits, dots, commas and newlines
+    # leaves exactly the values, comma-separated.
+    blob = blob.translate(None, _DELETE_ALL_BUT_NUMBERS).replace(b"\n", b",")
     try:
-        numbers = np.fromstring(blob, dtype=np.float64, sep=" ")
+        numbers = np.fromstring(blob, dtype=np.float64, sep=",")
     except ValueError:
         return None
     if numbers.size != len(fields) * len(shape.labels):

@@ -575,19 +575,20 @@ class SourceScanner:
 
     # --------------------------------------------------------------- counting
     def _bulk_known(self, data: bytes) -> int:
-        """Lines whose start is in this source's format (prefix counts, in C)."""
-        head = b"\n" + data[:64]
-        blank = data.count(b"\n\n") + (1 if data.startswith(b"\n") else 0)
+        """Lines that start in this source's format, counted in one C pass.
+
+        Blank lines, journal meta lines ("-- Boot ...") and traceback lines are not
+        counted here; when they exist the chunk is walked line by line (``_walk_unknown``),
+        which knows them, so the bulk count only has to be right for the common case.
+        """
         if self.fmt == "plain":
-            return data.count(b"\n[20") + (1 if data.startswith(b"[20") else 0) + blank
+            return data.count(b"\n[20") + (1 if data.startswith(b"[20") else 0)
         if self.fmt == "short-iso":
-            prefixed = data.count(b"\n2") + (1 if head[1:2] == b"2" else 0)  # years 2000-2999
-        elif self.fmt == "short-precise":
-            prefixed = sum(data.count(p) for p in MONTH_PREFIXES) + (1 if any(head.startswith(p) for p in MONTH_PREFIXES) else 0)
-        else:
-            prefixed = data.count(b"\n{") + (1 if data.startswith(b"{") else 0)
-        meta = data.count(b"\n-- ") + (1 if data.startswith(b"-- ") else 0)
-        return prefixed + meta + blank
+            return data.count(b"\n2") + (1 if data.startswith(b"2") else 0)  # years 2000-2999
+        if self.fmt == "short-precise":
+            head = b"\n" + data[:8]
+            return sum(data.count(p) for p in MONTH_PREFIXES) + (1 if any(head.startswith(p) for p in MONTH_PREFIXES) else 0)
+        return data.count(b"\n{") + (1 if data.startswith(b"{") else 0)
 
     def _walk_unknown(self, data: bytes, consumed: set[int]) -> None:
         """Name the lines of this chunk that fit no known format (slow, only when some exist)."""
