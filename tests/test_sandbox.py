@@ -306,3 +306,29 @@ def test_a_tree_without_the_backend_is_a_sandbox_error_naming_the_missing_file(t
     partial = SglangSource(version="0.5.15", root=tmp_path, origin="directory")
     with pytest.raises(SandboxError, match=r"sglang\.srt\.disaggregation\.nixl is not in the tree .*disaggregation/nixl"):
         EngineSandbox(partial)
+
+
+@pytest.mark.timeout(120)
+def test_a_child_that_dies_while_loading_is_a_sandbox_error_with_its_stderr(tmp_path):
+    source = fetch("0.5.15")
+    crashing = tmp_path / "conn.py"
+    crashing.write_text("import os, sys\nsys.stderr.write('conn.py refuses to load\\n')\nos._exit(7)\n")
+    with pytest.raises(SandboxError, match=r"(?s)status 7.*conn.py refuses to load"):
+        EngineSandbox(source, conn_file=crashing)
+
+
+@pytest.mark.timeout(120)
+def test_a_loop_stuck_inside_a_handler_times_out_settle_and_still_tears_down(tmp_path):
+    source = fetch("0.5.16")
+    text = source.backend_file("nixl").read_text()
+    anchor = "    def _handle_abort_notification(self, msg: List[bytes]) -> bool:\n"
+    assert text.count(anchor) == 1
+    stuck = tmp_path / "conn.py"
+    stuck.write_text(text.replace(anchor, anchor + "        threading.Event().wait()  # never set\n"))
+    with EngineSandbox(source, conn_file=stuck) as sb:
+        sb.create_rooms([1])
+        sb.send(sb.frames.abort(room=1))
+        with pytest.raises(SandboxError, match="did not consume 1 messages within 1.0 s"):
+            sb.settle(timeout=1.0)
+        assert sb.thread_alive()
+    assert sb.final_state is not None and sb.final_state["alive"] is True

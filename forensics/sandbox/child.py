@@ -65,11 +65,11 @@ class Session:
     def op_create_rooms(self, rooms: list[int]) -> dict:
         return {"rooms": self.loop.create_rooms(rooms)}
 
-    def op_frames(self, kind: str, room: int | None = None, armed: bool = False) -> dict:
+    def op_frames(self, kind: str, room: int | None = None, armed: bool = False, pages: int = 2) -> dict:
         if kind == "registration":
             frames = self.peer.registration()
         elif kind == "transfer_info":
-            frames = self.peer.transfer_info(int(room))
+            frames = self.peer.transfer_info(int(room), pages=pages)
         elif kind == "abort":
             frames = self.peer.abort(int(room), armed=armed)
         elif kind == "abort_from_newer_decode":

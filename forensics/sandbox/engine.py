@@ -64,9 +64,10 @@ class FrameFactory:
         """KV-args registration (room ``"None"``), as ``NixlKVReceiver._register_kv_args`` sends it."""
         return self._build("registration")
 
-    def transfer_info(self, room: int) -> list[bytes]:
-        """Transfer info for ``room`` (required_dst_info_num 1), as ``send_metadata`` sends it."""
-        return self._build("transfer_info", room)
+    def transfer_info(self, room: int, *, pages: int = 2) -> list[bytes]:
+        """Transfer info for ``room`` (required_dst_info_num 1, ``pages`` destination KV pages),
+        as ``send_metadata`` sends it."""
+        return self._build("transfer_info", room, pages=pages)
 
     def abort(self, room: int, *, armed: bool = False) -> list[bytes]:
         """``[b"ABORT", room, ip, port]`` as ``_send_abort_notification`` sends it (0.5.13+);
