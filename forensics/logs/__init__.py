@@ -8,7 +8,9 @@
 """
 
 from forensics.logs.catalogue import signatures
+from forensics.logs.counting import count_signatures, grep_patterns
 from forensics.logs.sources import LogSource, Problem
 from forensics.logs.timeline import LogScan, batch_stats, scan, summary, timeline
 
-__all__ = ["LogScan", "LogSource", "Problem", "batch_stats", "scan", "signatures", "summary", "timeline"]
+__all__ = ["LogScan", "LogSource", "Problem", "batch_stats", "count_signatures", "grep_patterns", "scan",
+           "signatures", "summary", "timeline"]
