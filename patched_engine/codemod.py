@@ -346,7 +346,7 @@ class _Patcher:
                 snippets.ABORT_HANDLER,
                 name=snippets.ABORT_HANDLER_NAME,
                 patch_id=snippets.PATCH_ID,
-                record_failure=snippets.RECORD_FAILURE if self.has_record_failure(manager) else "",
+                record_failure=snippets.RECORD_FAILURE if self.has_record_failure() else "",
                 mark_failed=(
                     snippets.MARK_FAILED_VIA_UPDATE_STATUS
                     if self.failed_overrides(manager)
@@ -358,7 +358,7 @@ class _Patcher:
             members.insert(method_at, handler)
         return manager.with_changes(body=manager.body.with_changes(body=members))
 
-    def has_record_failure(self, manager: cst.ClassDef) -> bool:
+    def has_record_failure(self) -> bool:
         """record_failure exists from 0.5.3: defined here (0.5.3-0.5.9) or called on self (0.5.10+)."""
         return _contains(self.module, m.FunctionDef(name=m.Name("record_failure"))) or _contains(
             self.module, m.Call(func=m.Attribute(value=m.Name("self"), attr=m.Name("record_failure")))
