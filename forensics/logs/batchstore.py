@@ -41,8 +41,13 @@ class BatchStore:
         return code
 
     def add(self, n: int, times: np.ndarray, numbers: dict[str, np.ndarray], constants: dict[str, str],
-            per_row: dict[str, list[str | None]]) -> None:
-        """Append ``n`` rows: times (datetime64[ns] UTC, naive), numeric columns, texts."""
+            per_row: dict[str, list[str | None]],
+            coded: dict[str, tuple[np.ndarray, list[str | None]]] | None = None) -> None:
+        """Append ``n`` rows: times (datetime64[ns] UTC, naive), numeric columns, texts.
+
+        ``coded`` gives text columns as (codes per row, the text of each code), as the
+        compiled scanner returns them, so no Python step runs per row.
+        """
         offset = self.rows
         self.times.append((offset, np.asarray(times, dtype="datetime64[ns]")))
         for name, values in numbers.items():
@@ -52,6 +57,9 @@ class BatchStore:
         for name, values in per_row.items():
             codes = {value: self._code(name, value) for value in set(values)}
             self.texts[name].append((offset, np.fromiter((codes[v] for v in values), dtype=np.int16, count=n)))
+        for name, (row_codes, texts) in (coded or {}).items():
+            lookup = np.array([self._code(name, text) for text in texts], dtype=np.int16)
+            self.texts[name].append((offset, lookup[row_codes]))
         self.rows += n
 
     def frame(self, source: str, default_host: str, role_of_unit, role: str, explicit_role: str | None) -> pd.DataFrame:

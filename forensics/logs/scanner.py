@@ -38,12 +38,18 @@ from forensics.logs.schema import RAW_LIMIT
 from forensics.logs.sources import Chunk, LogSource, Problem
 from forensics.logs.tracebacks import HEADER, Block, BlockTracker, line_kind
 
+try:  # the compiled fast path (forensics/logs/_fastscan.c); optional, built when a compiler exists
+    from forensics.logs import _fastscan
+except ImportError:  # pragma: no cover - depends on the install
+    _fastscan = None
+
 TRACEBACK_LITERAL = b"Traceback (most recent call last):"
 BATCH_LITERAL = b" batch"
 ACCESS_LITERAL = b" HTTP/"
 UNKNOWN_SAMPLES = 20
 _JOURNAL_PREFIX = {"short-iso": JOURNAL_ISO.pattern, "short-precise": JOURNAL_PRECISE.pattern}
 _TS_KIND = {"short-iso": timestamps.ISO, "short-precise": timestamps.PRECISE, "json": timestamps.EPOCH_US}
+_FAST_FORMATS = {"plain": 0, "short-iso": 1}  # formats whose batch lines _fastscan reads
 
 
 _SHAPE_DELETE = b"0123456789.-"
@@ -118,6 +124,12 @@ class SourceScanner:
         self.last_event_line = -10
         if fmt in ("short-iso", "short-precise", "json"):
             self.result.access_minute_kind = _TS_KIND[fmt]
+        # The compiled path interns layouts and origins (host, unit) to small ids across chunks.
+        self.fast = _fastscan if fmt in _FAST_FORMATS else None
+        self.fast_layouts: dict[bytes, int] = {}
+        self.fast_shapes: list[batchlines.Shape] = []
+        self.fast_origins: dict[bytes, int] = {}
+        self.fast_origin_names: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------------ chunk
     def feed(self, chunk: Chunk) -> None:
@@ -400,10 +412,17 @@ class SourceScanner:
         if self.fmt == "json":
             self._batch_lines_json(data, consumed)
             return
-        groups: dict[bytes, list[bytes]] = {}
+        if self.fast is not None:
+            declined = self._batch_lines_fast(data, consumed)
+            if declined:
+                self._batch_line_groups(data[start:data.find(b"\n", start)] for start in declined
+                                        if start not in consumed)
+            return
+        self._batch_line_groups(self._batch_line_texts(data, consumed))
+
+    def _batch_line_texts(self, data: bytes, consumed: set[int]):
         find = data.find
         rfind = data.rfind
-        delete = _SHAPE_DELETE
         position = find(BATCH_LITERAL)
         while position >= 0:
             start = rfind(b"\n", 0, position) + 1
@@ -411,7 +430,12 @@ class SourceScanner:
             position = find(BATCH_LITERAL, end)
             if start in consumed:
                 continue
-            line = data[start:end]
+            yield data[start:end]
+
+    def _batch_line_groups(self, lines) -> None:
+        groups: dict[bytes, list[bytes]] = {}
+        delete = _SHAPE_DELETE
+        for line in lines:
             key = line.translate(None, delete)
             bucket = groups.get(key)
             if bucket is None:
@@ -421,6 +445,98 @@ class SourceScanner:
             shape = self._shape_of_key(key, lines[0])
             if shape is not None:
                 self._add_batch_group(shape, lines)
+
+    def _batch_lines_fast(self, data: bytes, consumed: set[int]) -> list[int]:
+        """Batch lines through _fastscan; returns the starts of the lines it declined.
+
+        Rows stay in file order (one store piece per chunk, every layout's columns
+        NaN where a line did not print them), so the final frame rarely needs a sort.
+        """
+        (starts, layouts, times, dp, tp, pp, iters, value_starts, values, value_kinds, origins,
+         declined) = self.fast.batch_lines(data, _FAST_FORMATS[self.fmt], self.fast_layouts, self.fast_origins)
+        declined = np.frombuffer(declined, dtype=np.int64).tolist()
+        starts = np.frombuffer(starts, dtype=np.int64)
+        if not len(starts):
+            return declined
+        self._learn_fast_keys()
+        layouts = np.frombuffer(layouts, dtype=np.int32)
+        value_starts = np.frombuffer(value_starts, dtype=np.int64)
+        values = np.frombuffer(values, dtype=np.float64)
+        value_kinds = np.frombuffer(value_kinds, dtype=np.uint8)
+        keep = np.ones(len(starts), dtype=bool)
+        if consumed:
+            keep &= ~np.isin(starts, np.fromiter(consumed, dtype=np.int64, count=len(consumed)))
+        # A True/False under a numeric label or a number under a boolean one reads
+        # differently in the Python path: hand those lines back to it.
+        present = np.unique(layouts)
+        rows_of = {}
+        for layout in present.tolist():
+            shape = self.fast_shapes[layout]
+            rows = np.flatnonzero(layouts == layout)
+            cells = value_starts[rows, None] + np.arange(len(shape.columns))
+            expected = np.array([name in batchlines.BOOL_SET for name in shape.columns], dtype=np.uint8)
+            mismatched = (value_kinds[cells] != expected).any(axis=1)
+            if mismatched.any():
+                declined.extend(starts[rows[mismatched]].tolist())
+                keep[rows[mismatched]] = False
+            rows_of[layout] = (rows, cells)
+        if not keep.all():
+            index = np.cumsum(keep) - 1  # old row -> new row
+            rows_of = {layout: (index[rows[keep[rows]]], cells[keep[rows]])
+                       for layout, (rows, cells) in rows_of.items()}
+            layouts, times, dp, tp, pp, iters, origins = (
+                np.frombuffer(buffer, dtype=dtype)[keep] for buffer, dtype in (
+                    (layouts, np.int32), (times, np.int64), (dp, np.int32), (tp, np.int32), (pp, np.int32),
+                    (iters, np.int64), (origins, np.int32)))
+        else:
+            times, dp, tp, pp, iters, origins = (
+                np.frombuffer(buffer, dtype=dtype) for buffer, dtype in (
+                    (times, np.int64), (dp, np.int32), (tp, np.int32), (pp, np.int32), (iters, np.int64),
+                    (origins, np.int32)))
+        n = len(layouts)
+        if n == 0:
+            return declined
+        numbers: dict[str, np.ndarray] = {}
+        for layout, (rows, cells) in rows_of.items():
+            if not len(rows):
+                continue
+            shape = self.fast_shapes[layout]
+            table = values[cells]
+            for name, column in batchlines.columns_from_numbers(shape, table).items():
+                target = numbers.get(name)
+                if target is None:
+                    target = numbers[name] = np.full(n, np.nan, dtype=np.float32)
+                target[rows] = column
+        for name, ranks in (("dp_rank", dp), ("tp_rank", tp), ("pp_rank", pp), ("iter", iters)):
+            numbers[name] = np.where(ranks >= 0, ranks, np.nan).astype(np.float32)
+        stamps = times.view("datetime64[ns]")
+        if self.fmt == "plain" and self.tz != "UTC":
+            stamps = timestamps.localise(stamps, self.tz).tz_localize(None).to_numpy()
+        kinds = [shape.kind for shape in self.fast_shapes]
+        coded = {"kind": (layouts, kinds)}
+        if self.fmt != "plain":
+            coded["host"] = (origins, [host for host, _ in self.fast_origin_names])
+            coded["unit"] = (origins, [unit for _, unit in self.fast_origin_names])
+        constants = {"ts_source": "sglang" if self.fmt == "plain" else "journal"}
+        self.result.batches.add(n, stamps, numbers, constants, {}, coded=coded)
+        seen = {kinds[layout] for layout in rows_of if len(rows_of[layout][0])}
+        self.result.saw_prefill_batch |= "prefill" in seen
+        self.result.saw_decode_batch |= "decode" in seen
+        return declined
+
+    def _learn_fast_keys(self) -> None:
+        """Shapes and names for the layout and origin ids _fastscan added since the last chunk."""
+        if len(self.fast_shapes) < len(self.fast_layouts):
+            for key in list(self.fast_layouts)[len(self.fast_shapes):]:
+                kind = b"Prefill" if key[:1] == b"P" else b"Decode"
+                labels = tuple(key[1:-1].split(b"\0"))
+                self.fast_shapes.append(batchlines.Shape(
+                    kind=kind.decode().lower(), columns=tuple(batchlines.column_for(kind, label) for label in labels),
+                    labels=labels))
+        if len(self.fast_origin_names) < len(self.fast_origins):
+            for key in list(self.fast_origins)[len(self.fast_origin_names):]:
+                host, unit = key.split(b"\0", 1)
+                self.fast_origin_names.append((_text(host), _text(unit)))
 
     def _shape_of_key(self, key: bytes, line: bytes) -> batchlines.Shape | None:
         shape = self.shapes.get(key, False)
@@ -514,6 +630,14 @@ class SourceScanner:
         """Count uvicorn access lines per (minute, zone, host, unit, method, path, status)."""
         if self.fmt == "plain":
             return self._access_lines_plain(data)
+        if self.fmt == "short-iso" and self.fast is not None:
+            counted, declined = self.fast.access_counts(data, self.result.access)
+            if declined:
+                lines = [data[start:data.find(b"\n", start)] for start in np.frombuffer(declined, dtype=np.int64).tolist()]
+                keys = self.access_key_re.findall(b"\n".join(lines))
+                self.result.access.update(Counter(keys))
+                counted += len(keys)
+            return counted
         lines = []
         find = data.find
         rfind = data.rfind

@@ -55,6 +55,11 @@ def _convert(kind: str, values: Sequence, tz: str, year: int | None) -> pd.Datet
     raise ValueError(f"unknown time kind {kind!r}")
 
 
+def localise(naive, tz: str) -> pd.DatetimeIndex:
+    """Naive wall-clock times (read in ``tz``) as UTC; ambiguous or skipped times become NaT."""
+    return _localise(pd.DatetimeIndex(naive), tz)
+
+
 def _localise(naive: pd.DatetimeIndex, tz: str) -> pd.DatetimeIndex:
     index = pd.DatetimeIndex(naive)
     if index.tz is not None:
