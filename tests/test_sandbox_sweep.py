@@ -10,8 +10,8 @@ from forensics.sglang_source import SourceError, available_releases, fetch
 WAITING = 2
 
 
-def abort_outcome(version: str) -> tuple[str, str]:
-    """What an ABORT does to this release's NIXL prefill loop, after registration and one transfer
+def abort_outcome(version: str, backend: str = "nixl") -> tuple[str, str]:
+    """What an ABORT does to this release's prefill loop (``backend``), after registration and one transfer
     info bootstrapped room 1: (same-version decode, newer 0.5.13-0.5.21 decode).
 
     Each is "kills the loop" or "survives"; the first is "no abort sender" when the release's
@@ -19,7 +19,7 @@ def abort_outcome(version: str) -> tuple[str, str]:
     """
     try:
         source = fetch(version)
-        with EngineSandbox(source) as sb:
+        with EngineSandbox(source, backend=backend) as sb:
             sb.create_rooms([1, 2, 3])
             sb.send(sb.frames.registration())
             sb.send(sb.frames.transfer_info(room=1))
@@ -55,3 +55,16 @@ def test_sweep_finds_the_vulnerable_window_from_behaviour():
     assert all(outcomes[v][0] == "survives" for v in fixed)
     # Mixed versions: every NIXL prefill up to 0.5.15.post1 dies on a newer decode's ABORT.
     assert [v for v in releases if outcomes[v][1] == "kills the loop"] == before + window
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_sweep_mooncake_handles_its_own_abort_but_older_loops_die_on_a_newer_decodes():
+    releases = available_releases("0.5.1", "0.5.23")
+    outcomes = {version: abort_outcome(version, "mooncake") for version in releases}
+    inconclusive = {v: o for v, o in outcomes.items() if o[0].startswith("inconclusive")}
+    assert not inconclusive, inconclusive
+    first_sender = releases.index("0.5.13")
+    before, after = releases[:first_sender], releases[first_sender:]
+    assert all(outcomes[v] == ("no abort sender", "kills the loop") for v in before), outcomes
+    assert all(outcomes[v] == ("survives", "survives") for v in after), outcomes

@@ -72,10 +72,12 @@ def test_stubs_are_falsy_callable_decorators_and_bases():
 
 
 def test_stub_rules_are_selected_by_release():
-    assert {r.module for r in rules_for("0.5.1")} == {"torch", "sglang.srt.server_args", "sglang.srt.utils"}
+    assert {r.module for r in rules_for("0.5.1")} == {
+        "torch", "sglang.srt.server_args", "sglang.srt.utils", "sglang.srt.distributed", "sglang.srt.layers"}
     assert "sglang.srt.layers" in {r.module for r in rules_for("0.5.20")}
     assert "sglang.srt.layers" not in {r.module for r in rules_for("0.5.21")}
-    assert "sglang.srt.distributed" not in {r.module for r in rules_for("0.5.21")}
+    assert "sglang.srt.configs" not in {r.module for r in rules_for("0.5.15")}
+    assert "sglang.srt.configs" in {r.module for r in rules_for("0.5.15.post1")}
     assert all(rule.why for rule in STUB_RULES)
     rule = next(r for r in STUB_RULES if r.module == "torch")
     assert rule.covers("torch.distributed") and not rule.covers("torchvision")

@@ -250,7 +250,11 @@ class EngineSandbox:
         return self.state()["alive"]
 
     def exceptions(self, *, include_teardown: bool = False) -> list[dict]:
-        """Thread exceptions: thread, exc_type, message, traceback, file, line, frames, message_index."""
+        """Exceptions that ended threads, oldest first. Each: ``thread`` (name), ``exc_type``,
+        ``message``, ``traceback`` (text), ``file``/``line`` (innermost frame), ``frames``,
+        ``bootstrap_thread`` (the loop's thread?), ``message_index`` (1-based number of the
+        message the loop was handling when it died), ``sandbox_gap`` (set when the death is the
+        sandbox's own missing attribute), ``during_teardown`` (left out unless asked for)."""
         if self.final_state is not None:
             records = self._final_exceptions
             return [r for r in records if include_teardown or not r["during_teardown"]]

@@ -35,14 +35,16 @@ class StubRule:
 
 ALL = ">=0"
 
-# Release ranges come from loading every 0.5.x wheel (the slow sweep). Keep the table minimal:
-# tests/test_sandbox.py checks that each tested release imports exactly the rules that apply.
+# Release ranges come from loading every 0.5.x wheel with both backends (the slow sweeps); a
+# range covers what either backend's modules import. Keep the table minimal: tests/test_sandbox.py
+# checks that each tested release (nixl) imports exactly the rules that apply.
 STUB_RULES: tuple[StubRule, ...] = (
     StubRule("torch", ALL, "no torch on a CPU sandbox; only type hints and dist groups use it here"),
     StubRule("sglang.srt.server_args", ALL, "the full CLI/server config; the sandbox passes its own values"),
     StubRule("sglang.srt.utils", ALL, "CUDA/NPU probes and network helpers that pull in torch"),
-    StubRule("sglang.srt.distributed", ">=0.5.3,!=0.5.21", "torch.distributed process groups"),
-    StubRule("sglang.srt.layers", ">=0.5.3,<0.5.21", "attention TP/DP rank getters (the sandbox sets ranks itself)"),
+    # mooncake/conn.py imports it in every release; nixl's modules from 0.5.3 on, except 0.5.21.
+    StubRule("sglang.srt.distributed", ALL, "torch.distributed process groups"),
+    StubRule("sglang.srt.layers", "<0.5.21", "attention TP/DP rank getters (the sandbox sets ranks itself)"),
     StubRule("sglang.srt.debug_utils", ">=0.5.9,<0.5.18", "CUDA core-dump env injection imported by environ.py"),
     StubRule("sglang.srt.observability", ">=0.5.13", "request tracing (OpenTelemetry)"),
     StubRule("sglang.srt.configs", ">=0.5.15.post1", "model configs (transformers), for a model-type check"),
