@@ -21,7 +21,7 @@ import zmq
 
 from forensics.sandbox.errors import SandboxError
 from forensics.sandbox.host_memory import SLOTS, HostKV, make_agent
-from forensics.sandbox.prefill import _common_manager_state, manager_class, mooncake_state, set_initial_values
+from forensics.sandbox.managers import common_manager_state, manager_class, mooncake_state, set_initial_values
 from forensics.sandbox.shim import LoadedRelease
 
 _capture_ids = itertools.count(1)
@@ -61,9 +61,8 @@ class DecodePeer:
         cls = manager_class(self.module, backend)
         self.manager = cls.__new__(cls)
         set_initial_values(self.manager)
-        _common_manager_state(
+        common_manager_state(
             self.manager,
-            self.module,
             utils.DisaggregationMode.DECODE,
             socket=self.inbox,
             port=self.port,

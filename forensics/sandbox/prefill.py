@@ -13,22 +13,18 @@ runs it in a fresh interpreter.
 
 from __future__ import annotations
 
-import collections
 import inspect
-import logging
 import threading
 import time
-import types
 
 import zmq
 
 from forensics.sandbox.errors import SandboxError
 from forensics.sandbox.host_memory import HostKV, make_agent
-from forensics.sandbox.init_defaults import initial_values, missing_attribute_gap
+from forensics.sandbox.init_defaults import missing_attribute_gap
+from forensics.sandbox.managers import common_manager_state, manager_class, mooncake_state, set_initial_values
 from forensics.sandbox.observe import LogCapture, ThreadWatch
 from forensics.sandbox.shim import LoadedRelease
-
-log = logging.getLogger(__name__)
 
 BOOTSTRAP_ADDR = "127.0.0.1:8998"  # where a sender would register its dp rank; never contacted (dp=1)
 
@@ -69,181 +65,6 @@ class CountingSocket:
 
     def __getattr__(self, name: str):
         return getattr(self._socket, name)
-
-
-def _server_args() -> types.SimpleNamespace:
-    """The ServerArgs fields the sender and loop read, for a 1-GPU prefill without DP."""
-    return types.SimpleNamespace(
-        dp_size=1,
-        enable_dp_attention=False,
-        load_balance_method="round_robin",
-        pp_size=1,
-        host="127.0.0.1",
-        disaggregation_bootstrap_port=8998,
-        dist_init_addr=None,
-        disaggregation_decode_enable_radix_cache=False,
-        enable_hisparse=False,
-        disaggregation_transfer_backend="nixl",
-        enable_pd_role_switch=False,
-        kv_cache_dtype="auto",
-        page_size=1,
-    )
-
-
-def manager_class(module: types.ModuleType, backend: str) -> type:
-    names = {"nixl": "NixlKVManager", "mooncake": "MooncakeKVManager"}
-    if backend not in names:
-        raise SandboxError(f"backend {backend!r} is not supported by the sandbox (nixl, mooncake)")
-    try:
-        return getattr(module, names[backend])
-    except AttributeError as exc:
-        raise SandboxError(f"{module.__file__} defines no {names[backend]}") from exc
-
-
-def _common_manager_state(mgr, release_module, mode, *, socket, port: int, host: str, agent, kv_args) -> None:
-    """Attributes CommonKVManager.__init__ (and the backend's) would set, for one TP=1 rank."""
-    envs = _envs()
-    values = {
-        "kv_args": kv_args,
-        "kv_item_lens_sum": sum(kv_args.kv_item_lens),
-        "state_item_lens_sum": 0,
-        "is_mla_backend": False,
-        "disaggregation_mode": mode,
-        "server_args": _server_args(),
-        "bootstrap_host": host,
-        "bootstrap_port": 8998,
-        "dist_init_addr": None,
-        "attn_tp_size": 1,
-        "attn_tp_rank": 0,
-        "attn_cp_size": 1,
-        "attn_cp_rank": 0,
-        "attn_dp_size": 1,
-        "attn_dp_rank": 0,
-        "system_dp_size": 1,
-        "system_dp_rank": 0,
-        "pp_size": 1,
-        "pp_rank": 0,
-        "tp_size": 1,
-        "tp_rank": 0,
-        "engine_rank": 0,
-        "local_ip": host,
-        "rank_port": port,
-        "server_socket": socket,
-        "enable_all_cp_ranks_for_transfer": False,
-        "request_status": {},
-        "_socket_cache": {},
-        "_monitor_cache": {},
-        "_socket_lock": threading.Lock(),
-        "failure_records": {},
-        "failure_lock": threading.Lock(),
-        "agent": agent,
-        "enable_staging": False,
-        "_staging_ctx": None,
-        "_staging_handler": None,
-        "kv_buffer_tensors": None,
-        "prep_handles": {},
-        "prep_handle_slice_src": None,
-        "prep_handles_slice_dst": {},
-        "prep_handles_segment_src": {},
-        "_num_slots_src": kv_args.kv_data_lens[0] // kv_args.kv_item_lens[0],
-        "src_mem_kind": "VRAM",
-        "deferred_bootstrap": None,
-        "sender_trace_module": None,
-        "receiver_trace_module": None,
-        "bootstrap_timeout": _env_value(envs, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300),
-        "waiting_timeout": _env_value(envs, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300),
-        "heartbeat_interval": 5.0,
-        "max_failures": 2,
-        # 0.5.18+: decode context parallelism, sharding, deferred ABORT_ACK bookkeeping.
-        "kv_cache_dtype_str": "auto",
-        "kv_layout": None,
-        "dsv41_spec_layout": None,
-        "_kv_replica_factor": 1,
-        "is_hybrid_mla_backend": False,
-        "_dcp_pack_buffers": None,
-        "_dcp_pack_max_tokens": None,
-        "state_tp_size": 1,
-        "dcp_size": 1,
-        "dcp_rank": 0,
-        "kv_shard_rank": 0,
-        "kv_shard_size": 1,
-        "_socket_send_locks": {},
-        "_staging_outstanding": collections.defaultdict(int),
-        "_deferred_ack_targets": {},
-        "_deferred_ack_poisoned_rooms": set(),
-        "defer_decode_allocation": False,
-        "_deferred_abort_ack_tracker": {},
-        "_deferred_abort_generation": 0,
-        "_heartbeat_shutdown": threading.Event(),
-        "_prepared_state_plans": {},
-        "_state_layout_rejections": {},
-        "_prepared_state_components": set(),
-    }
-    for name, value in values.items():
-        setattr(mgr, name, value)
-    # As CommonKVManager.__init__ (0.5.19+): the release default, where the backend supports it.
-    mgr.enable_deferred_decode_kv_release = bool(
-        _env_value(envs, "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", False)
-        and getattr(mgr, "supports_deferred_decode_kv_release", False)
-    )
-    kv_args.kv_data_mem_kinds = ["VRAM"] * len(kv_args.kv_data_ptrs)
-
-
-class MooncakeSessionStandIn:
-    """Stands in for the Mooncake transfer engine (RDMA; cannot run here): only its session id.
-
-    The bootstrap loop never touches the engine; the decode puts this id in its frames.
-    """
-
-    def __init__(self, session_id: str) -> None:
-        self.session_id = session_id
-
-    def get_session_id(self) -> str:
-        return self.session_id
-
-    def __repr__(self) -> str:
-        return f"MooncakeSessionStandIn({self.session_id!r})"
-
-
-def mooncake_state(mgr, host: str, port: int) -> None:
-    """Attributes MooncakeKVManager.__init__ sets that its bootstrap and decode threads read."""
-    values = {
-        "engine": MooncakeSessionStandIn(f"{host}:{port}"),
-        "session_lock": threading.Lock(),
-        "failed_sessions": set(),
-        "session_failures": collections.defaultdict(int),
-        "_stopped": False,
-        "_worker_threads": [],
-        "executors": [],
-        "enable_trace": False,
-        "enable_failed_session_probe": False,
-        "failed_session_probes": {},
-        "state_layout_rejections": {},
-        "state_strides_validated": set(),
-        "max_transfer_batch_indices": None,
-    }
-    for name, value in values.items():
-        setattr(mgr, name, value)
-
-
-def set_initial_values(obj) -> None:
-    """The release's own initial values for the bookkeeping its ``__init__`` sets (see init_defaults)."""
-    for name, value in initial_values(type(obj)).items():
-        setattr(obj, name, value)
-
-
-def _envs():
-    import sys
-
-    environ = sys.modules.get("sglang.srt.environ")
-    return getattr(environ, "envs", None) if environ is not None else None
-
-
-def _env_value(envs, name: str, default):
-    try:
-        return getattr(envs, name).get()
-    except Exception:
-        return default
 
 
 class PrefillLoop:
@@ -290,9 +111,8 @@ class PrefillLoop:
         cls = manager_class(self.module, backend)
         self.manager = cls.__new__(cls)
         set_initial_values(self.manager)
-        _common_manager_state(
+        common_manager_state(
             self.manager,
-            self.module,
             utils.DisaggregationMode.PREFILL,
             socket=self.socket,
             port=self.port,
