@@ -104,10 +104,12 @@ class SourceScanner:
         self.result = SourceResult(source=source, fmt=fmt, year=year)
         self.line_base = 0  # lines before the current chunk
         self.blocks = BlockTracker()
-        self.shapes: dict[tuple[bytes, bytes], batchlines.Shape | None] = {}
+        self.shapes: dict[bytes, batchlines.Shape] = {}
         self.batch_re = _combined(fmt if fmt != "json" else "plain", batchlines.HEADER.pattern)
-        # The same with the field list captured, for findall over many joined lines.
-        self.batch_row_re = _combined(fmt if fmt != "json" else "plain", batchlines.HEADER.pattern + rb"([^\n]*)")
+        # The same with the field list captured, for findall over many joined lines; anchored
+        # at line starts, as match() is, so a line is read the same whichever group it is in.
+        self.batch_row_re = re.compile(rb"(?m)^" + _combined(
+            fmt if fmt != "json" else "plain", batchlines.HEADER.pattern + rb"([^\n]*)").pattern)
         self.access_key_re = _ACCESS_KEY.get(fmt)
         literals = catalogue.literals() + (TRACEBACK_LITERAL,)
         if fmt == "json":
@@ -442,7 +444,7 @@ class SourceScanner:
                 bucket = groups[key] = []
             bucket.append(line)
         for key, lines in groups.items():
-            shape = self._shape_of_key(key, lines[0])
+            shape = self._shape_of_key(key, lines)
             if shape is not None:
                 self._add_batch_group(shape, lines)
 
@@ -538,13 +540,21 @@ class SourceScanner:
                 host, unit = key.split(b"\0", 1)
                 self.fast_origin_names.append((_text(host), _text(unit)))
 
-    def _shape_of_key(self, key: bytes, line: bytes) -> batchlines.Shape | None:
-        shape = self.shapes.get(key, False)
-        if shape is False:
-            found = self.batch_re.match(line)
+    def _shape_of_key(self, key: bytes, lines: list[bytes]) -> batchlines.Shape | None:
+        """The layout of a group's lines, learnt from the first of them that reads as a batch line.
+
+        Only found layouts are remembered: a damaged line that happens to come first
+        must not hide the good lines of its key, in this chunk or a later one.
+        """
+        shape = self.shapes.get(key)
+        if shape is None:
             kind_group = self.batch_re.groups - 1  # HEADER ends with (kind)(iter)
-            shape = batchlines.learn_shape(found.group(kind_group), line[found.end():]) if found else None
-            self.shapes[key] = shape
+            for line in lines[:16]:
+                found = self.batch_re.match(line)
+                shape = batchlines.learn_shape(found.group(kind_group), line[found.end():]) if found else None
+                if shape is not None:
+                    self.shapes[key] = shape
+                    break
         return shape
 
     def _add_batch_group(self, shape: batchlines.Shape, lines: list[bytes]) -> None:
