@@ -332,3 +332,15 @@ def test_a_loop_stuck_inside_a_handler_times_out_settle_and_still_tears_down(tmp
             sb.settle(timeout=1.0)
         assert sb.thread_alive()
     assert sb.final_state is not None and sb.final_state["alive"] is True
+
+
+@pytest.mark.timeout(120)
+def test_a_dropped_sandbox_child_exits_on_its_own():
+    import psutil
+
+    sb = EngineSandbox(fetch("0.5.15"))
+    child = psutil.Process(sb.pid)
+    sb.create_rooms([1])
+    sb._commands.close()  # what the parent's death or garbage collection does to the pipe
+    assert child.wait(timeout=30) == 0
+    sb.close()

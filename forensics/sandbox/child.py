@@ -153,8 +153,13 @@ def main(argv: list[str]) -> int:
         except BaseException as exc:
             reply({"ok": False, "error": str(exc), "error_type": type(exc).__name__,
                    "sandbox_error": isinstance(exc, SandboxError), "traceback": traceback.format_exc()})
-    session.close()  # the parent went away without saying close
-    return 0
+    # The parent went away without saying close (killed, or the object was dropped): tear down
+    # and leave even if a non-daemon thread of the release is stuck somewhere.
+    try:
+        session.close()
+    finally:
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

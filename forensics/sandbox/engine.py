@@ -177,7 +177,7 @@ class EngineSandbox:
         try:
             self._commands.write(json.dumps({"op": op, **arguments}) + "\n")
             self._commands.flush()
-        except BrokenPipeError as exc:
+        except (OSError, ValueError) as exc:  # broken pipe, or our end already closed
             raise SandboxError(f"sandbox child is gone; stderr: {self.stderr_text()[-2000:]}") from exc
         reply = self._read_reply(reply_within, op)
         if not reply.get("ok"):
