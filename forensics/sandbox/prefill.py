@@ -99,8 +99,21 @@ class PrefillLoop:
         self.logs = LogCapture(self.watch)
         if capture_logs:
             self.logs.attach()
+        try:
+            self._set_up(base, utils, host)
+        except BaseException:
+            # Nothing of a half-built loop may outlive the error (socket, context, hooks).
+            for socket in list(getattr(self.context, "_sockets", ())):
+                socket.close(linger=0)
+            self.context.term()
+            self.logs.detach()
+            self.watch.uninstall()
+            raise
+
+    def _set_up(self, base, utils, host: str) -> None:
+        self.threads: list[threading.Thread] = []
         self.host_kv = HostKV.allocate()
-        self.agent, self.agent_kind = make_agent("prefill") if backend == "nixl" else (None, "none (mooncake)")
+        self.agent, self.agent_kind = make_agent("prefill") if self.backend == "nixl" else (None, "none (mooncake)")
         pull = self.context.socket(zmq.PULL)
         pull.setsockopt(zmq.RCVHWM, 0)  # as sglang's get_zmq_socket_on_host does for PULL
         pull.setsockopt(zmq.LINGER, 0)
@@ -108,7 +121,7 @@ class PrefillLoop:
         self.host = host
         self.endpoint = f"tcp://{host}:{self.port}"
         self.socket = CountingSocket(pull)
-        cls = manager_class(self.module, backend)
+        cls = manager_class(self.module, self.backend)
         self.manager = cls.__new__(cls)
         set_initial_values(self.manager)
         common_manager_state(
@@ -132,7 +145,6 @@ class PrefillLoop:
             )
         self._backend_state()
         self.senders: dict[int, object] = {}
-        self.threads: list[threading.Thread] = []
         self.started_at = time.time()
         self._start_thread()
 
@@ -176,8 +188,11 @@ class PrefillLoop:
             raise SandboxError(f"sglang {self.release.version}: {start.__name__}() started no thread")
 
     def _describe_thread(self, thread: threading.Thread | None, record: dict) -> dict:
-        is_loop = thread is not None and thread in self.threads
-        classes = [type(self.manager), *{type(sender) for sender in self.senders.values()}]
+        # Any thread of the process may die, even while this loop is still being set up.
+        is_loop = thread is not None and thread in getattr(self, "threads", [])
+        manager = getattr(self, "manager", None)
+        classes = [type(manager)] if manager is not None else []
+        classes += {type(sender) for sender in getattr(self, "senders", {}).values()}
         return {
             "bootstrap_thread": is_loop,
             "message_index": self.socket.delivered if is_loop else None,
