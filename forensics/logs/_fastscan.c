@@ -334,26 +334,27 @@ static int parse_batch_line(const unsigned char *s, const unsigned char *e, int 
     if (p >= e || (*p != '.' && *p != ',')) return 0;
     p++;
     if (!expect(&p, e, ' ')) return 0;
-    /* fields: "label: value" joined by ", "; the label ends at the part's last ": " */
+    /* fields: "label: value" joined by ", ". A canonical label holds no ':' or ',' and a
+     * canonical value no ',' or ':', so the first ": " of a part is also its last (the
+     * Python path splits at the last) and one forward pass reads the line. */
     scratch->used = 0;
     if (buf_put(scratch, &kind, 1) < 0) return -1;
     int n = 0;
+    static const char nul = 0;
     while (1) {
-        const unsigned char *part_end = p;
-        while (part_end + 1 < e && !(part_end[0] == ',' && part_end[1] == ' ')) part_end++;
-        if (part_end + 1 >= e) part_end = e;
-        const unsigned char *colon = NULL;
-        for (const unsigned char *q = p; q + 1 < part_end; q++)
-            if (q[0] == ':' && q[1] == ' ') colon = q;
-        if (!colon || colon == p || n == MAX_FIELDS) return 0;
-        for (const unsigned char *q = p; q < colon; q++)
-            if (*q == ':' || *q == ',' || *q == '\r' || *q == 0) return 0;
-        if (!parse_value(colon + 2, part_end, &row->values[n], &row->kinds[n])) return 0;
+        const unsigned char *label = p;
+        while (p < e && *p != ':' && *p != ',' && *p != '\r' && *p != 0) p++;
+        if (p == label || e - p < 2 || p[0] != ':' || p[1] != ' ' || n == MAX_FIELDS) return 0;
+        const unsigned char *label_end = p;
+        p += 2;
+        const unsigned char *value = p;
+        while (p < e && *p != ',' && *p != ':') p++;
+        if (p < e && (*p == ':' || e - p < 2 || p[1] != ' ')) return 0;
+        if (!parse_value(value, p, &row->values[n], &row->kinds[n])) return 0;
         n++;
-        static const char nul = 0;
-        if (buf_put(scratch, p, colon - p) < 0 || buf_put(scratch, &nul, 1) < 0) return -1;
-        if (part_end == e) break;
-        p = part_end + 2;
+        if (buf_put(scratch, label, label_end - label) < 0 || buf_put(scratch, &nul, 1) < 0) return -1;
+        if (p == e) break;
+        p += 2;
     }
     row->n_values = n;
     row->time = fmt == FMT_ISO ? journal_ns : sglang_ns;
@@ -362,7 +363,6 @@ static int parse_batch_line(const unsigned char *s, const unsigned char *e, int 
     row->origin = -1;
     if (fmt == FMT_ISO) {
         scratch->used = 0;
-        static const char nul = 0;
         if (buf_put(scratch, origin.host, origin.host_len) < 0 || buf_put(scratch, &nul, 1) < 0 ||
             buf_put(scratch, origin.unit, origin.unit_len) < 0)
             return -1;
@@ -683,6 +683,29 @@ done:
     return result;
 }
 
+/* Lines of a chunk (newlines) and how many of them start with `prefix`, in one pass. */
+static PyObject *count_lines(PyObject *self, PyObject *args) {
+    Py_buffer view, prefix;
+    if (!PyArg_ParseTuple(args, "y*y*", &view, &prefix)) return NULL;
+    const unsigned char *data = view.buf, *end = data + view.len;
+    const unsigned char *want = prefix.buf;
+    Py_ssize_t want_len = prefix.len;
+    Py_ssize_t lines = 0, starting = 0;
+    const unsigned char *line = data;
+    while (line < end) {
+        if (want_len > 0 && end - line >= want_len && line[0] == want[0] &&
+            memcmp(line, want, (size_t)want_len) == 0)
+            starting++;
+        const unsigned char *newline = memchr(line, '\n', (size_t)(end - line));
+        if (!newline) break;
+        lines++;
+        line = newline + 1;
+    }
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&prefix);
+    return Py_BuildValue("(nn)", lines, starting);
+}
+
 static PyMethodDef methods[] = {
     {"batch_lines", batch_lines, METH_VARARGS,
      "batch_lines(data, fmt, layouts, origins) -> (starts i8, layout i4, time_ns i8, dp i4, tp i4, pp i4,\n"
@@ -693,6 +716,9 @@ static PyMethodDef methods[] = {
     {"access_counts", access_counts, METH_VARARGS,
      "access_counts(data, counts) -> (counted, declined_starts i8 bytes). short-iso only: adds each\n"
      "canonical uvicorn access line to counts[(minute, zone, host, unit, method, path, status)]."},
+    {"count_lines", count_lines, METH_VARARGS,
+     "count_lines(data, prefix) -> (newlines, lines starting with prefix); a last line without a\n"
+     "newline counts toward the second number only."},
     {NULL, NULL, 0, NULL},
 };
 

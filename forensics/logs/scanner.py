@@ -50,6 +50,7 @@ UNKNOWN_SAMPLES = 20
 _JOURNAL_PREFIX = {"short-iso": JOURNAL_ISO.pattern, "short-precise": JOURNAL_PRECISE.pattern}
 _TS_KIND = {"short-iso": timestamps.ISO, "short-precise": timestamps.PRECISE, "json": timestamps.EPOCH_US}
 _FAST_FORMATS = {"plain": 0, "short-iso": 1}  # formats whose batch lines _fastscan reads
+_BULK_PREFIX = {"plain": b"[20", "short-iso": b"2"}  # what _bulk_known counts, for _fastscan.count_lines
 
 
 _SHAPE_DELETE = b"0123456789.-"
@@ -136,7 +137,9 @@ class SourceScanner:
     # ------------------------------------------------------------------ chunk
     def feed(self, chunk: Chunk) -> None:
         data = chunk.data
-        n_lines = data.count(b"\n")
+        # Lines, and lines that start in the format (see _bulk_known), in one compiled pass.
+        counted = self.fast.count_lines(data, _BULK_PREFIX[self.fmt]) if self.fast is not None else None
+        n_lines = counted[0] if counted else data.count(b"\n")
         if chunk.truncated_line:
             self.result.problems.append(Problem(
                 self.source.label, self.line_base + 1,
@@ -171,7 +174,7 @@ class SourceScanner:
         # 3. Access lines.
         access_count = self._access_lines(data, consumed)
         # 4. Bulk counting of lines in a known format; walk the chunk only if some are not.
-        known = self._bulk_known(data)
+        known = counted[1] if counted else self._bulk_known(data)
         if self.fmt == "plain":
             known += slow_known + access_count
         if known < n_lines:
