@@ -48,6 +48,35 @@ def one_session(source) -> dict[str, float]:
             "total": done - started, "child_cpu": cpu}
 
 
+def drive(sb) -> None:
+    sb.create_rooms([1, 2, 3, 4])
+    for frames in (sb.frames.registration(), sb.frames.transfer_info(room=1), sb.frames.abort(room=2),
+                   sb.frames.transfer_info(room=3), [b"FOREIGN", b"x"], sb.frames.transfer_info(room=4)):
+        sb.send(frames)
+    sb.settle()
+    sb.room_states()
+    sb.exceptions()
+
+
+def verify_pair(source, together: bool) -> float:
+    """Two sessions as ``patch verify`` runs them (the same file twice here): one after the other,
+    or both children started together (``wait_ready=False``)."""
+    started = time.perf_counter()
+    if together:
+        pair = [EngineSandbox(source, wait_ready=False), EngineSandbox(source, wait_ready=False)]
+        try:
+            for sb in pair:
+                drive(sb)
+        finally:
+            for sb in pair:
+                sb.close()
+    else:
+        for _ in range(2):
+            with EngineSandbox(source) as sb:
+                drive(sb)
+    return time.perf_counter() - started
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=BENCHMARK)
     parser.add_argument("--runs", type=int, default=5)
@@ -63,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
             values = [r[key] for r in runs]
             print(f"sglang {version} {key:>9}: median {statistics.median(values):.3f}s "
                   f"min {min(values):.3f}s max {max(values):.3f}s")
+        for together in (False, True):
+            pairs = [verify_pair(source, together) for _ in range(args.runs)]
+            label = "two sessions, started together" if together else "two sessions, one after the other"
+            print(f"sglang {version} {label}: median {statistics.median(pairs):.3f}s "
+                  f"min {min(pairs):.3f}s max {max(pairs):.3f}s")
     return 0
 
 

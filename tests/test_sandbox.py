@@ -344,3 +344,22 @@ def test_a_dropped_sandbox_child_exits_on_its_own():
     sb._commands.close()  # what the parent's death or garbage collection does to the pipe
     assert child.wait(timeout=30) == 0
     sb.close()
+
+
+@pytest.mark.timeout(120)
+def test_sandboxes_started_together_run_in_parallel_and_report_set_up_failures_late(tmp_path):
+    source = fetch("0.5.15")
+    broken = tmp_path / "conn.py"
+    broken.write_text("raise ImportError('this conn.py does not load')\n")
+    unpatched = EngineSandbox(source, wait_ready=False)
+    failing = EngineSandbox(source, conn_file=broken, wait_ready=False)
+    try:
+        with pytest.raises(SandboxError, match="this conn.py does not load"):
+            failing.wait_ready()
+        with pytest.raises(SandboxError, match="this conn.py does not load"):  # remembered, not re-read
+            failing.create_rooms([1])
+        assert unpatched.create_rooms([1]) == {1: BOOTSTRAPPING}
+        assert unpatched.info["version"] == "0.5.15"
+    finally:
+        failing.close()
+        unpatched.close()

@@ -91,7 +91,7 @@ class EngineSandbox:
     """
 
     def __init__(self, source, *, backend: str = "nixl", conn_file: str | Path | None = None,
-                 nixl: bool = True, start_timeout: float = START_TIMEOUT_S) -> None:
+                 nixl: bool = True, start_timeout: float = START_TIMEOUT_S, wait_ready: bool = True) -> None:
         self.root, self.version = _resolve_source(source)
         self.backend = backend
         self.use_nixl = nixl
@@ -99,18 +99,22 @@ class EngineSandbox:
         if self.conn_file is not None and not self.conn_file.is_file():
             raise SandboxError(f"replacement conn file {self.conn_file} does not exist")
         self.frames = FrameFactory(self)
-        self.info: dict = {}
+        self._info: dict | None = None
+        self._start_error: BaseException | None = None
+        self._start_timeout = start_timeout
         self.final_state: dict | None = None
         self._process: subprocess.Popen | None = None
         self._stderr_cache: str | None = None
         self._output_dir = tempfile.TemporaryDirectory(prefix="pd-sandbox-")
         self._stderr_path = Path(self._output_dir.name) / "stderr.txt"
         self._stdout_path = Path(self._output_dir.name) / "stdout.txt"
-        self._start(start_timeout)
+        self._spawn()
+        if wait_ready:
+            self.wait_ready()
 
     # ------------------------------------------------------------------ process
 
-    def _start(self, timeout: float) -> None:
+    def _spawn(self) -> None:
         command_read, command_write = os.pipe()
         reply_read, reply_write = os.pipe()
         setup = {"root": str(self.root), "version": self.version, "backend": self.backend,
@@ -137,18 +141,40 @@ class EngineSandbox:
         os.close(reply_write)
         self._commands = os.fdopen(command_write, "w", encoding="utf-8", buffering=1)
         self._replies = os.fdopen(reply_read, "r", encoding="utf-8")
+        self._spawned_at = time.monotonic()
+
+    def wait_ready(self) -> dict:
+        """Wait for the child's set-up (release loaded, loop running); returns :attr:`info`.
+
+        With ``wait_ready=False`` the constructor returns as soon as the child is spawned, so
+        several sandboxes (say, verify's unpatched and patched runs) start in parallel; the
+        first call that needs the child waits here.
+        """
+        if self._info is not None:
+            return self._info
+        if self._start_error is not None:
+            raise self._start_error
+        remaining = self._start_timeout - (time.monotonic() - self._spawned_at)
         try:
-            ready = self._read_reply(timeout, "start")
-        except BaseException:
+            ready = self._read_reply(max(remaining, 0.1), "start")
+        except BaseException as exc:
+            self._start_error = exc
             self._kill()
             raise
         if not ready.get("ok"):
-            self._kill()
-            raise SandboxError(
+            self._start_error = SandboxError(
                 f"sglang {self.version} ({self.backend}{', patched' if self.conn_file else ''}) "
                 f"could not be set up in the sandbox: {ready.get('error_type')}: {ready.get('error')}"
             )
-        self.info = ready["info"]
+            self._kill()
+            raise self._start_error
+        self._info = ready["info"]
+        return self._info
+
+    @property
+    def info(self) -> dict:
+        """What the child loaded: version, conn file, endpoint, NIXL, agent, stubbed modules, threads."""
+        return self.wait_ready()
 
     def _read_reply(self, timeout: float, what: str) -> dict:
         deadline = time.monotonic() + timeout
@@ -174,6 +200,7 @@ class EngineSandbox:
     def _request(self, op: str, reply_within: float = REQUEST_TIMEOUT_S, **arguments) -> dict:
         if self._process is None or self.final_state is not None:
             raise SandboxError("the sandbox is closed")
+        self.wait_ready()
         try:
             self._commands.write(json.dumps({"op": op, **arguments}) + "\n")
             self._commands.flush()
@@ -324,7 +351,7 @@ class EngineSandbox:
         return SandboxSnapshot(
             version=self.version, backend=self.backend,
             patched=str(self.conn_file) if self.conn_file else None,
-            endpoint=self.info.get("endpoint"), alive=state["alive"], rooms=state["rooms"],
+            endpoint=(self._info or {}).get("endpoint"), alive=state["alive"], rooms=state["rooms"],
             exceptions=self.exceptions(), consumed=state.get("consumed"), closed=self.final_state is not None,
         )
 
