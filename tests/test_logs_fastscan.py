@@ -103,6 +103,14 @@ def test_access_counts_adds_to_the_counter_in_first_seen_order():
     ]
 
 
+def test_count_lines_counts_prefixed_lines_and_numbers_offsets():
+    data = b"a\n2b\nc\n2d"
+    assert fastscan.count_lines(data, b"2", [0, 2, 3, 5, 9]) == (3, 2, [0, 1, 1, 2, 3])
+    assert fastscan.count_lines(b"", b"2", []) == (0, 0, [])
+    with pytest.raises(ValueError, match="ascending"):
+        fastscan.count_lines(data, b"2", [3, 1])
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="fmt"):
         fastscan.batch_lines(b"", 7, {}, {})

@@ -683,14 +683,33 @@ done:
     return result;
 }
 
-/* Lines of a chunk (newlines) and how many of them start with `prefix`, in one pass. */
+/* Lines of a chunk (newlines), how many of them start with `prefix`, and for each of the
+ * ascending offsets in `starts` the number of newlines before it, in one pass. */
 static PyObject *count_lines(PyObject *self, PyObject *args) {
     Py_buffer view, prefix;
-    if (!PyArg_ParseTuple(args, "y*y*", &view, &prefix)) return NULL;
+    PyObject *starts_arg;
+    if (!PyArg_ParseTuple(args, "y*y*O", &view, &prefix, &starts_arg)) return NULL;
+    PyObject *result = NULL, *before = NULL;
+    Py_ssize_t *starts = NULL;
+    PyObject *seq = PySequence_Fast(starts_arg, "starts must be a sequence of ints");
+    if (!seq) goto done;
+    Py_ssize_t n_starts = PySequence_Fast_GET_SIZE(seq);
+    starts = PyMem_Malloc((size_t)(n_starts ? n_starts : 1) * sizeof(Py_ssize_t));
+    if (!starts) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n_starts; i++) {
+        starts[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        if (starts[i] == -1 && PyErr_Occurred()) goto done;
+        if (i && starts[i] < starts[i - 1]) {
+            PyErr_SetString(PyExc_ValueError, "starts must be ascending");
+            goto done;
+        }
+    }
+    before = PyList_New(n_starts);
+    if (!before) goto done;
     const unsigned char *data = view.buf, *end = data + view.len;
     const unsigned char *want = prefix.buf;
     Py_ssize_t want_len = prefix.len;
-    Py_ssize_t lines = 0, starting = 0;
+    Py_ssize_t lines = 0, starting = 0, next = 0;
     const unsigned char *line = data;
     while (line < end) {
         if (want_len > 0 && end - line >= want_len && line[0] == want[0] &&
@@ -698,12 +717,28 @@ static PyObject *count_lines(PyObject *self, PyObject *args) {
             starting++;
         const unsigned char *newline = memchr(line, '\n', (size_t)(end - line));
         if (!newline) break;
+        /* every start up to this newline lies on line number `lines` (0-based) */
+        while (next < n_starts && starts[next] <= newline - data) {
+            PyObject *value = PyLong_FromSsize_t(lines);
+            if (!value) goto done;
+            PyList_SET_ITEM(before, next++, value);
+        }
         lines++;
         line = newline + 1;
     }
+    while (next < n_starts) {  /* starts past the last newline */
+        PyObject *value = PyLong_FromSsize_t(lines);
+        if (!value) goto done;
+        PyList_SET_ITEM(before, next++, value);
+    }
+    result = Py_BuildValue("(nnO)", lines, starting, before);
+done:
+    Py_XDECREF(before);
+    Py_XDECREF(seq);
+    PyMem_Free(starts);
     PyBuffer_Release(&view);
     PyBuffer_Release(&prefix);
-    return Py_BuildValue("(nn)", lines, starting);
+    return result;
 }
 
 static PyMethodDef methods[] = {
@@ -717,8 +752,9 @@ static PyMethodDef methods[] = {
      "access_counts(data, counts) -> (counted, declined_starts i8 bytes). short-iso only: adds each\n"
      "canonical uvicorn access line to counts[(minute, zone, host, unit, method, path, status)]."},
     {"count_lines", count_lines, METH_VARARGS,
-     "count_lines(data, prefix) -> (newlines, lines starting with prefix); a last line without a\n"
-     "newline counts toward the second number only."},
+     "count_lines(data, prefix, starts) -> (newlines, lines starting with prefix, [newlines before\n"
+     "each of the ascending offsets in starts]); a last line without a newline counts toward the\n"
+     "second number only."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -137,9 +137,6 @@ class SourceScanner:
     # ------------------------------------------------------------------ chunk
     def feed(self, chunk: Chunk) -> None:
         data = chunk.data
-        # Lines, and lines that start in the format (see _bulk_known), in one compiled pass.
-        counted = self.fast.count_lines(data, _BULK_PREFIX[self.fmt]) if self.fast is not None else None
-        n_lines = counted[0] if counted else data.count(b"\n")
         if chunk.truncated_line:
             self.result.problems.append(Problem(
                 self.source.label, self.line_base + 1,
@@ -150,12 +147,20 @@ class SourceScanner:
         starts = set(self.prefilter.line_starts(data))
         if self.blocks.active or self.pending_block is not None:
             starts.add(0)
+        starts = sorted(starts)
+        # Lines, lines that start in the format (see _bulk_known) and the line number of
+        # every rare line, in one compiled pass.
+        counted = self.fast.count_lines(data, _BULK_PREFIX[self.fmt], starts) if self.fast is not None else None
+        n_lines = counted[0] if counted else data.count(b"\n")
         line_no = self.line_base  # lines before last_position
         last_position = 0
-        for start in sorted(starts):
+        for index, start in enumerate(starts):
             if start < last_position:
                 continue  # already walked as part of a traceback
-            line_no += data.count(b"\n", last_position, start)
+            if counted:
+                line_no = self.line_base + counted[2][index]
+            else:
+                line_no += data.count(b"\n", last_position, start)
             position = start
             while position < len(data):
                 end = data.find(b"\n", position)
