@@ -26,7 +26,7 @@ from forensics.logs.counting import (
 )
 from forensics.logs.prefilter import BYTES_FIND, HYPERSCAN, LiteralPrefilter, hyperscan
 
-IDS = [s.id for s in catalogue.signatures()]
+IDS = [s.id for s in catalogue.event_signatures()]
 GREP_ENV = {**os.environ, "LC_ALL": "C"}
 
 

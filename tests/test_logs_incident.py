@@ -174,3 +174,15 @@ def test_healthy_logs_have_no_thread_death(tmp_path):
     scan = fx.logs.scan(list(paths.values()))
     assert not scan.events["signature"].isin(["thread_death", "nixl_guard_assertion"]).any()
     assert scan.summary().facts["first_thread_death"] is None
+
+
+def test_access_rows_carry_their_catalogue_signature(plain_scan):
+    scan, _ = plain_scan
+    labelled = dict(zip(scan.access["path"], scan.access["signature"]))
+    assert labelled["/health"] == "access_health"
+    assert labelled["/metrics"] == "access_metrics"
+    assert labelled["/generate"] == "access_completion"
+    catalogue = fx.logs.catalogue.to_frame()
+    assert set(catalogue.loc[catalogue["aggregate"], "id"]) == {"access_health", "access_metrics", "access_completion"}
+    # aggregated signatures never become one event per line
+    assert not scan.events["signature"].str.startswith("access_").any()

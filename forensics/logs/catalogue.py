@@ -26,6 +26,7 @@ class Signature:
     step: str
     meaning: str
     reason: str | None = None
+    aggregate: bool = False  # counted per minute in the access frame, never one event per line
 
     @property
     def regex(self) -> re.Pattern[str]:
@@ -88,17 +89,36 @@ def by_id() -> dict[str, Signature]:
     return {s.id: s for s in signatures()}
 
 
+@lru_cache(maxsize=1)
+def event_signatures() -> tuple[Signature, ...]:
+    """The signatures that become one event per line (everything but the aggregated ones)."""
+    return tuple(s for s in signatures() if not s.aggregate)
+
+
+def aggregate_signatures() -> tuple[Signature, ...]:
+    return tuple(s for s in signatures() if s.aggregate)
+
+
 def literals() -> tuple[bytes, ...]:
-    """The distinct prefilter literals, as bytes, for scanning raw chunks."""
-    return tuple(dict.fromkeys(s.literal.encode() for s in signatures()))
+    """The distinct prefilter literals of the event signatures, as bytes, for scanning raw chunks."""
+    return tuple(dict.fromkeys(s.literal.encode() for s in event_signatures()))
 
 
 def classify(message: str) -> tuple[Signature, dict[str, str | None]] | None:
-    """The first signature that ``message`` matches, with its captured fields."""
-    for signature in signatures():
+    """The first event signature that ``message`` matches, with its captured fields."""
+    for signature in event_signatures():
         fields = signature.match(message)
         if fields is not None:
             return signature, fields
+    return None
+
+
+def access_signature(method: str, path: str, status: int) -> str | None:
+    """The aggregated signature an access line with this method, path and status belongs to."""
+    line = f'"{method} {path} HTTP/1.1" {status}'
+    for signature in aggregate_signatures():
+        if signature.regex.search(line):
+            return signature.id
     return None
 
 

@@ -50,7 +50,7 @@ def count_signatures(path_or_paths: str | os.PathLike | LogSource | Iterable[str
     """
     if isinstance(path_or_paths, (str, os.PathLike, LogSource)):
         path_or_paths = [path_or_paths]
-    counts = dict.fromkeys((s.id for s in catalogue.signatures()), 0)
+    counts = dict.fromkeys((s.id for s in catalogue.event_signatures()), 0)
     found_problems: list[Problem] = [] if problems is None else problems
     prefilters: dict[str, LiteralPrefilter] = {}
     for source in as_sources(path_or_paths):
@@ -257,7 +257,7 @@ def grep_patterns(fmt: str = "plain", dialect: str = POSIX) -> list[str]:
     journal = line_prefix_ere(fmt, dialect)
     sglang = to_ere(SGLANG_PREFIX.pattern.decode(), dialect)
     patterns = []
-    for signature in catalogue.signatures():
+    for signature in catalogue.event_signatures():
         pattern = signature.pattern
         if signature.reason:
             tail = "(?P<reason>.*)"

@@ -75,6 +75,7 @@ ACCESS_COLUMNS: dict[str, str] = {
     "path": "string",
     "status": "Int64",
     "count": "Int64",
+    "signature": "string",  # access_health, access_metrics, access_completion or <NA>
 }
 
 RAW_LIMIT = 4000  # characters of raw text kept per event; the offset points at the rest

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from forensics.logs import timestamps
+from forensics.logs import catalogue, timestamps
 from forensics.logs.lineformats import sniff
 from forensics.logs.scanner import SourceResult, SourceScanner
 from forensics.logs.schema import (
@@ -323,6 +323,8 @@ def _access_frame(result: SourceResult, role, explicit_role, default_host, tz) -
         "count": list(result.access.values()),
         "unit": unit_text,
     })
+    labels = {key: catalogue.access_signature(*key) for key in set(zip(frame["method"], frame["path"], frame["status"]))}
+    frame["signature"] = [labels[key] for key in zip(frame["method"], frame["path"], frame["status"])]
     return frame
 
 
