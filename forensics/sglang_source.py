@@ -220,7 +220,7 @@ def _unpack_srt(wheel: Path, dest: Path) -> None:
         with zipfile.ZipFile(wheel) as archive:
             for member in archive.infolist():
                 name = member.filename
-                if not (name.startswith("sglang/srt/") or name == "sglang/version.py"):
+                if not (name.startswith("sglang/srt/") or name in ("sglang/version.py", "sglang/_version.py")):
                     continue
                 target = (dest / name).resolve()
                 if not str(target).startswith(str(dest.resolve())):
@@ -281,11 +281,21 @@ def available_releases(
 
 
 def _version_from_tree(root: Path) -> str | None:
-    version_file = root / "sglang" / "version.py"
-    if version_file.is_file():
-        match = re.search(r"__version__\s*=\s*[\"']([^\"']+)[\"']", version_file.read_text(errors="replace"))
-        if match:
-            return match.group(1)
+    # Our own cache says it best; newer wheels' version.py only re-exports _version.py
+    # (setuptools-scm), which older caches did not unpack.
+    manifest = root.parent / "manifest.json"
+    if manifest.is_file():
+        try:
+            return json.loads(manifest.read_text())["version"]
+        except (ValueError, KeyError):
+            pass
+    for name in ("_version.py", "version.py"):
+        version_file = root / "sglang" / name
+        if version_file.is_file():
+            text = version_file.read_text(errors="replace")
+            match = re.search(r"(?:__version__|version)\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?[\"']([^\"']+)[\"']", text)
+            if match and not match.group(1).startswith("0.0.0"):
+                return match.group(1)
     return None
 
 
