@@ -42,18 +42,31 @@ class BatchStore:
 
     def add(self, n: int, times: np.ndarray, numbers: dict[str, np.ndarray], constants: dict[str, str],
             per_row: dict[str, list[str | None]],
-            coded: dict[str, tuple[np.ndarray, list[str | None]]] | None = None) -> None:
+            coded: dict[str, tuple[np.ndarray, list[str | None]]] | None = None,
+            numbers_at: list[tuple[np.ndarray, dict[str, np.ndarray]]] | None = None) -> None:
         """Append ``n`` rows: times (datetime64[ns] UTC, naive), numeric columns, texts.
 
         ``coded`` gives text columns as (codes per row, the text of each code), as the
-        compiled scanner returns them, so no Python step runs per row.
+        compiled scanner returns them, so no Python step runs per row. ``numbers_at``
+        gives columns that only some of the rows have, as (positions among the ``n``
+        rows, {column: values}): rows of several layouts keep file order without a NaN
+        cell per row for every other layout's fields. An all-NaN column is kept as its
+        name only (``frame()`` fills it).
         """
         offset = self.rows
         self.times.append((offset, np.asarray(times, dtype="datetime64[ns]")))
         for name, values in numbers.items():
-            self.numbers[name].append((offset, np.asarray(values, dtype=np.float32)))
+            values = np.asarray(values, dtype=np.float32)
+            if len(values) and np.isnan(values).all():
+                self.numbers[name]  # noqa: B018 - registers the column, stores nothing
+                continue
+            self.numbers[name].append((offset, values, None))
+        for positions, columns in numbers_at or ():
+            for name, values in columns.items():
+                self.numbers[name].append((offset, np.asarray(values, dtype=np.float32), positions))
         for name, value in constants.items():
-            self.texts[name].append((offset, np.full(n, self._code(name, value), dtype=np.int16)))
+            # A read-only broadcast view: one code, no memory per row.
+            self.texts[name].append((offset, np.broadcast_to(np.int16(self._code(name, value)), (n,))))
         for name, values in per_row.items():
             codes = {value: self._code(name, value) for value in set(values)}
             self.texts[name].append((offset, np.fromiter((codes[v] for v in values), dtype=np.int16, count=n)))
@@ -91,8 +104,11 @@ class BatchStore:
                                                         categories=categories)
         for name in list(self.numbers):
             full = np.full(n, np.nan, dtype=np.float32)
-            for offset, piece in self.numbers.pop(name):
-                full[offset: offset + len(piece)] = piece
+            for offset, piece, positions in self.numbers.pop(name):
+                if positions is None:
+                    full[offset: offset + len(piece)] = piece
+                else:
+                    full[offset + positions] = piece
             columns[name] = _typed(name, full)
         return pd.DataFrame(columns, copy=False)
 

@@ -507,16 +507,13 @@ class SourceScanner:
         if n == 0:
             return declined
         numbers: dict[str, np.ndarray] = {}
+        numbers_at = []  # each layout's fields at its rows' positions
         for layout, (rows, cells) in rows_of.items():
             if not len(rows):
                 continue
             shape = self.fast_shapes[layout]
-            table = values[cells]
-            for name, column in batchlines.columns_from_numbers(shape, table).items():
-                target = numbers.get(name)
-                if target is None:
-                    target = numbers[name] = np.full(n, np.nan, dtype=np.float32)
-                target[rows] = column
+            columns = batchlines.columns_from_numbers(shape, values[cells])
+            numbers_at.append((rows.astype(np.int32), columns))
         for name, ranks in (("dp_rank", dp), ("tp_rank", tp), ("pp_rank", pp), ("iter", iters)):
             numbers[name] = np.where(ranks >= 0, ranks, np.nan).astype(np.float32)
         stamps = times.view("datetime64[ns]")
@@ -528,7 +525,7 @@ class SourceScanner:
             coded["host"] = (origins, [host for host, _ in self.fast_origin_names])
             coded["unit"] = (origins, [unit for _, unit in self.fast_origin_names])
         constants = {"ts_source": "sglang" if self.fmt == "plain" else "journal"}
-        self.result.batches.add(n, stamps, numbers, constants, {}, coded=coded)
+        self.result.batches.add(n, stamps, numbers, constants, {}, coded=coded, numbers_at=numbers_at)
         seen = {kinds[layout] for layout in rows_of if len(rows_of[layout][0])}
         self.result.saw_prefill_batch |= "prefill" in seen
         self.result.saw_decode_batch |= "decode" in seen
