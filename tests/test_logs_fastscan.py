@@ -192,6 +192,19 @@ def test_lines_the_c_path_declines_are_still_read(tmp_path):
     assert len(scan.batches) >= 3 + 4
 
 
+def test_odd_journal_origins_same_frames(tmp_path):
+    line = CASES[3][0]
+    path = tmp_path / "origins.log"
+    path.write_bytes(
+        b"2025-07-01T12:00:00+00:00 node\x00a sglang-decode[1]: " + line.encode() + b"\n"  # NUL in the host
+        + b"2025-07-01T12:00:00+00:00 node-b sgl\x00ang-decode[1]: " + line.encode() + b"\n"
+        + b"2025-07-01T12:00:00+00:00 node-c sglang-decode[x]: " + line.encode() + b"\n"  # no such pid
+        + b"2025-07-01T12:00:00+0530 node-d sglang-decode: " + line.encode() + b"\n")
+    scan = assert_same(path)
+    assert sorted(scan.batches["host"].astype(str)) == ["node\x00a", "node-b", "node-d"]
+    assert scan.batches["ts"].min() == pd.Timestamp("2025-07-01 06:30", tz="UTC")
+
+
 def test_consumed_rare_lines_are_not_batch_rows(tmp_path):
     # A batch line that also holds a signature literal is taken by the slow path first.
     death = "Exception in thread Thread-5 (bootstrap_thread):"

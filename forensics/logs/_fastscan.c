@@ -156,12 +156,13 @@ static int parse_journal_iso(const unsigned char **p, const unsigned char *end, 
     if (!parse_datetime(p, end, 'T', 1, &naive) || !parse_zone(p, end, &zone, &present)) return 0;
     *ns = naive - (int64_t)zone * 60000000000LL;
     if (!expect(p, end, ' ')) return 0;
+    /* NUL separates host and unit in the interned origin key: such lines go to Python */
     o->host = *p;
-    while (*p < end && !is_space(**p)) (*p)++;
+    while (*p < end && !is_space(**p) && **p != 0) (*p)++;
     o->host_len = *p - o->host;
     if (o->host_len == 0 || !expect(p, end, ' ')) return 0;
     o->unit = *p;
-    while (*p < end && !is_space(**p) && **p != '[' && **p != ':') (*p)++;
+    while (*p < end && !is_space(**p) && **p != '[' && **p != ':' && **p != 0) (*p)++;
     o->unit_len = *p - o->unit;
     if (o->unit_len == 0) return 0;
     if (expect(p, end, '[')) {
