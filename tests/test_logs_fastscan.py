@@ -205,6 +205,16 @@ def test_odd_journal_origins_same_frames(tmp_path):
     assert scan.batches["ts"].min() == pd.Timestamp("2025-07-01 06:30", tz="UTC")
 
 
+def test_plain_line_without_sglang_prefix_has_no_time(tmp_path):
+    path = tmp_path / "server.log"
+    path.write_text("Prefill batch. #new-seq: 2, #new-token: 512\n"
+                    "[2025-07-01 12:00:00] Decode batch. #running-req: 3, #token: 4096\n")
+    batches = assert_same(path).batches
+    assert batches["kind"].tolist() == ["decode", "prefill"]
+    assert batches["ts"].isna().tolist() == [False, True]
+    assert batches["new_seq"].tolist()[1] == 2
+
+
 def test_consumed_rare_lines_are_not_batch_rows(tmp_path):
     # A batch line that also holds a signature literal is taken by the slow path first.
     death = "Exception in thread Thread-5 (bootstrap_thread):"
