@@ -220,7 +220,8 @@ def test_consumed_rare_lines_are_not_batch_rows(tmp_path):
     death = "Exception in thread Thread-5 (bootstrap_thread):"
     path = tmp_path / "mixed.log"
     path.write_text(_journal([CASES[0][0], death + " Prefill batch, #new-seq: 1", CASES[0][0]]))
-    assert_same(path)
+    scan = assert_same(path)
+    assert scan.batches["new_seq"].tolist() == [2, 2]
 
 
 def test_fallback_without_the_extension(tmp_path, monkeypatch):
