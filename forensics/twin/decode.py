@@ -314,7 +314,7 @@ class DecodeScheduler:
         item.events.put_nowait(("done", item.meta))
 
 
-class DecodeServer:
+class DecodeServer(httpserver.EngineEndpoints):
     def __init__(self, settings: TwinSettings, version: str) -> None:
         from forensics.sandbox.shim import load_release
 
@@ -407,28 +407,8 @@ class DecodeServer:
 
         asyncio.get_running_loop().create_task(abort())
 
-    async def health(self, request: web.Request) -> web.Response:
-        probe = wire.GenerationRequest(endpoint="/generate", rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
-                                       prompt_tokens=1, max_new_tokens=1, stream=False,
-                                       bootstrap_host=wire.FAKE_BOOTSTRAP_HOST, bootstrap_port=None,
-                                       bootstrap_room=0)
-        item = self.scheduler.submit(probe)
-        try:
-            await asyncio.wait_for(self._collect(item), timeout=self.settings.health_timeout_s)
-        except TimeoutError:
-            log.error("Health check failed. Server couldn't get a response from detokenizer for last "
-                      f"{self.settings.health_timeout_s:.0f} seconds.")
-            return web.Response(status=503)
-        return web.Response(status=200)
-
-    async def ping(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
-
-    async def abort_request(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.metrics.num_aborted.inc()
-        self.scheduler.abort(str(body.get("rid", "")))
-        return web.Response(status=200)
+    async def _wait_for_probe(self, item: DecodeRequest) -> None:
+        await self._collect(item)
 
     async def server_info(self, request: web.Request) -> web.Response:
         sched = self.scheduler

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -25,6 +26,40 @@ from forensics.twin.metrics import TwinMetrics
 from forensics.twin.settings import TwinSettings
 
 log = logging.getLogger("sglang.srt.entrypoints.http_server")
+
+
+class EngineEndpoints:
+    """The endpoints the prefill and decode servers answer alike, with sglang's PD semantics.
+
+    The server supplies ``settings``, ``scheduler`` (``submit(request)``, ``abort(rid)``),
+    ``metrics`` and ``_wait_for_probe(item)``, which waits for the probe's one token.
+    """
+
+    async def health(self, request: web.Request) -> web.Response:
+        """sglang's /health and /health_generate: a 1-token request on the fake bootstrap path."""
+        from forensics.twin import wire
+
+        probe = wire.GenerationRequest(endpoint="/generate", rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+                                       prompt_tokens=1, max_new_tokens=1, stream=False,
+                                       bootstrap_host=wire.FAKE_BOOTSTRAP_HOST, bootstrap_port=None,
+                                       bootstrap_room=0)
+        item = self.scheduler.submit(probe)
+        try:
+            await asyncio.wait_for(self._wait_for_probe(item), timeout=self.settings.health_timeout_s)
+        except TimeoutError:
+            log.error("Health check failed. Server couldn't get a response from detokenizer for last "
+                      f"{self.settings.health_timeout_s:.0f} seconds.")
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def ping(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.metrics.num_aborted.inc()
+        self.scheduler.abort(str(body.get("rid", "")))
+        return web.Response(status=200)
 
 
 def process_setup(role: str, title: str) -> tuple[inventory_mod.Inventory, TwinSettings]:

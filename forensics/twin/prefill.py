@@ -24,7 +24,6 @@ import json
 import logging
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -353,7 +352,7 @@ class PrefillScheduler:
         return {"kv_bytes": nbytes, "transfer_ms": round(latency * 1000, 3)}
 
 
-class PrefillServer:
+class PrefillServer(httpserver.EngineEndpoints):
     def __init__(self, settings: TwinSettings, version: str) -> None:
         from forensics.sandbox.prefill import PrefillLoop
         from forensics.sandbox.shim import load_release
@@ -427,29 +426,8 @@ class PrefillServer:
 
         asyncio.get_running_loop().create_task(abort())
 
-    async def health(self, request: web.Request) -> web.Response:
-        """sglang's /health and /health_generate: a 1-token request on the fake bootstrap path."""
-        probe = wire.GenerationRequest(endpoint="/generate", rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
-                                       prompt_tokens=1, max_new_tokens=1, stream=False,
-                                       bootstrap_host=wire.FAKE_BOOTSTRAP_HOST, bootstrap_port=None,
-                                       bootstrap_room=0)
-        item = self.scheduler.submit(probe)
-        try:
-            await asyncio.wait_for(asyncio.shield(item.done), timeout=self.settings.health_timeout_s)
-        except TimeoutError:
-            log.error("Health check failed. Server couldn't get a response from detokenizer for last "
-                      f"{self.settings.health_timeout_s:.0f} seconds.")
-            return web.Response(status=503)
-        return web.Response(status=200)
-
-    async def ping(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
-
-    async def abort_request(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.metrics.num_aborted.inc()
-        self.scheduler.abort(str(body.get("rid", "")))
-        return web.Response(status=200)
+    async def _wait_for_probe(self, item) -> None:
+        await asyncio.shield(item.done)
 
     async def server_info(self, request: web.Request) -> web.Response:
         sched = self.scheduler
