@@ -428,16 +428,18 @@ class SourceScanner:
                 self._batch_line_groups(data[start:data.find(b"\n", start)] for start in declined
                                         if start not in consumed)
             return
-        self._batch_line_groups(self._batch_line_texts(data, consumed))
+        self._batch_line_groups(self._lines_with(data, BATCH_LITERAL, consumed))
 
-    def _batch_line_texts(self, data: bytes, consumed: set[int]):
+    @staticmethod
+    def _lines_with(data: bytes, literal: bytes, consumed: set[int] | frozenset = frozenset()):
+        """Each line of ``data`` holding ``literal`` (once per line), skipping ``consumed`` starts."""
         find = data.find
         rfind = data.rfind
-        position = find(BATCH_LITERAL)
+        position = find(literal)
         while position >= 0:
             start = rfind(b"\n", 0, position) + 1
             end = find(b"\n", position)
-            position = find(BATCH_LITERAL, end)
+            position = find(literal, end)
             if start in consumed:
                 continue
             yield data[start:end]
@@ -653,15 +655,7 @@ class SourceScanner:
                 self.result.access.update(Counter(keys))
                 counted += len(keys)
             return counted
-        lines = []
-        find = data.find
-        rfind = data.rfind
-        position = find(ACCESS_LITERAL)
-        while position >= 0:
-            start = rfind(b"\n", 0, position) + 1
-            end = find(b"\n", position)
-            position = find(ACCESS_LITERAL, end)
-            lines.append(data[start:end])
+        lines = list(self._lines_with(data, ACCESS_LITERAL))
         if not lines:
             return 0
         if self.fmt == "json":
