@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from forensics.sandbox import EngineSandbox
@@ -12,6 +12,9 @@ from forensics.sglang_source import fetch
 
 FAILED, WAITING = 0, 2
 ROOMS = st.integers(min_value=0, max_value=2**63 - 1)  # mini_lb / the Rust router: random u63
+# One sandbox serves every example, and a room that was failed stays failed in sglang (as it should:
+# routers never reuse a room). So each example needs a room no earlier example touched.
+USED_ROOMS: set[int] = set()
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +30,8 @@ def fixed_release_sandbox():
 @given(room=ROOMS, pages=st.integers(min_value=0, max_value=16), abort=st.booleans())
 def test_any_room_bootstraps_and_an_abort_fails_only_that_room(fixed_release_sandbox, room, pages, abort):
     sb = fixed_release_sandbox
+    assume(room not in USED_ROOMS)
+    USED_ROOMS.add(room)
     sb.create_rooms([room])
     frames = sb.frames.transfer_info(room=room, pages=pages)
     assert frames[1] == str(room).encode()

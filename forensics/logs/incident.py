@@ -140,15 +140,12 @@ def generate(release: str = "0.5.15", *, start: datetime | None = None, seed: in
     last_real = None
     # 1. steady traffic
     while t < steady_seconds:
-        room = next(room_counter)
-        rid = f"{rng.getrandbits(64):016x}"
+        next(room_counter)  # every request takes a bootstrap room
         tokens = rng.randint(200, 4000)
         add(t, "prefill", prefill_batch_line(release, 1, tokens, 0, 0, 0, 1, tokens / 0.4))
         last_real = start + timedelta(seconds=t)
         add(t + 0.01, "prefill", access_line("POST", "/generate", 200, next_port()), prefixed=False)
         add(t + 0.3, "decode", access_line("POST", "/generate", 200, next_port()), prefixed=False)
-        if debug:
-            add(t + 0.02, "decode", f"Abort queued request. req.rid='none' (room {room} not aborted)") if False else None
         in_flight = rng.randint(1, 6)
         if int(t) % 2 == 0:
             add(t + 0.2, "decode", decode_batch_line(release, in_flight, 1000 * in_flight, 0, 0, 95.0 + rng.random()))
@@ -157,13 +154,13 @@ def generate(release: str = "0.5.15", *, start: datetime | None = None, seed: in
             add(t + 0.06, "decode", access_line("GET", "/health", 200, next_port()), prefixed=False)
         if int(t * 10) % 150 == 0:
             add(t + 0.07, "prefill", access_line("GET", "/metrics", 200, next_port()), prefixed=False)
-        _ = rid, room
         t += 1.0 / requests_per_second
     # 2. the trigger: a client gives up on a request whose KV is still pending
     trigger_room = next(room_counter)
     trigger_rid = f"{rng.getrandbits(64):016x}"
     trigger_t = t + 0.5
-    add(trigger_t - 0.001, "decode", f"Abort transfer queue request. decode_req.req.rid='{trigger_rid}'") if debug else None
+    if debug:
+        add(trigger_t - 0.001, "decode", f"Abort transfer queue request. decode_req.req.rid='{trigger_rid}'")
     add(trigger_t, "decode",
         f"Decode transfer failed for request rank=0 decode_req.req.rid='{trigger_rid}' "
         f"decode_req.req.bootstrap_room={trigger_room} with exception "
@@ -192,7 +189,6 @@ def generate(release: str = "0.5.15", *, start: datetime | None = None, seed: in
             bootstrap_queue += 1
             transfer_queue += 1
             sent_times.append((t, room))
-            add(t + 0.01, "decode", access_line("POST", "/generate", 200, next_port()), prefixed=False) if False else None
         else:
             add(t, "prefill", prefill_batch_line(release, 1, 512, 0, 0, 0, 1, 1280.0))
         if int(t * 10) % 50 == 0:
