@@ -11,17 +11,17 @@ values pulled out by one regex call: that is what keeps big journals fast.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from forensics.logs.schema import BATCH_BOOL_FIELDS, BATCH_COUNT_FIELDS, BATCH_FLOAT_FIELDS
+from forensics.logs.schema import BATCH_BOOL_FIELDS, BATCH_COUNT_FIELDS
 
 # Message part only (after any journal or sglang prefix).
 HEADER = re.compile(rb"(Prefill|Decode) batch(?: \[(\d+)\])?[.,] ")
-VALUES = re.compile(rb": ([^,]*)")
-VALUES_IN_LINES = re.compile(rb": ([^,\n]*)")  # the same over many lines joined by newlines
-_SHAPE_DELETE = b"0123456789.-"
+VALUES_IN_LINES = re.compile(rb": ([^,\n]*)")  # each value of many field lists joined by newlines
+# Deleting these from a line leaves a key that only changes with its layout (not its values).
+SHAPE_DELETE = b"0123456789.-"
 
 # Field label as printed -> column. "#prealloc-req" depends on the role (see KIND_SPECIFIC).
 FIELD_NAMES: dict[bytes, str] = {
@@ -89,19 +89,6 @@ class Shape:
     labels: tuple[bytes, ...] = ()  # the labels as printed, in order
 
 
-@dataclass
-class ShapeRows:
-    """Rows of one shape collected from one chunk, still as text, converted together."""
-
-    shape: Shape
-    values: list[list[bytes]] = field(default_factory=list)
-    ts: list = field(default_factory=list)
-    ts_source: list[str] = field(default_factory=list)
-    ranks: list[bytes] = field(default_factory=list)
-    iters: list[bytes | None] = field(default_factory=list)
-    origins: list[tuple] = field(default_factory=list)  # (host, unit) per row, journals only
-
-
 def learn_shape(kind: bytes, fields: bytes) -> Shape | None:
     """Parse a field list slowly to learn its layout; None when it is not a batch field list."""
     columns = []
@@ -150,32 +137,6 @@ def columns_from_numbers(shape: Shape, table: np.ndarray) -> dict[str, np.ndarra
             for index, name in enumerate(shape.columns)}
 
 
-def shape_key(kind: bytes, fields: bytes) -> tuple[bytes, bytes]:
-    return kind, fields.translate(None, _SHAPE_DELETE)
-
-
-def values_of(fields: bytes) -> list[bytes]:
-    return VALUES.findall(fields)
-
-
-def convert(rows: ShapeRows) -> dict[str, np.ndarray]:
-    """Turn a shape's text rows into numeric column arrays (counts float for now, NaN-able)."""
-    if not rows.values:
-        return {}
-    table = np.array(rows.values, dtype=np.bytes_)
-    out: dict[str, np.ndarray] = {}
-    for index, name in enumerate(rows.shape.columns):
-        column = np.char.strip(table[:, index], b" %\r")
-        if name in BOOL_SET:
-            out[name] = column == b"True"
-            continue
-        try:
-            out[name] = column.astype(np.float64)
-        except ValueError:
-            out[name] = np.array([_to_float(v) for v in column], dtype=np.float64)
-    return out
-
-
 def columns_from_table(shape: Shape, table: np.ndarray) -> dict[str, np.ndarray]:
     """Numeric columns from a (rows x fields) table of value texts of one shape."""
     out: dict[str, np.ndarray] = {}
@@ -196,7 +157,3 @@ def _to_float(text: bytes) -> float:
         return float(text)
     except ValueError:
         return float("nan")
-
-
-def is_float_field(name: str) -> bool:
-    return name in BATCH_FLOAT_FIELDS or (name not in COUNT_SET and name not in BOOL_SET)

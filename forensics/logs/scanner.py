@@ -53,7 +53,6 @@ _FAST_FORMATS = {"plain": 0, "short-iso": 1}  # formats whose batch lines _fasts
 _BULK_PREFIX = {"plain": b"[20", "short-iso": b"2"}  # what _bulk_known counts, for _fastscan.count_lines
 
 
-_SHAPE_DELETE = b"0123456789.-"
 # Access line -> its counting key (minute, zone, host, unit, method, path, status) in one match.
 _ACCESS_KEY = {
     "short-iso": re.compile(
@@ -281,13 +280,6 @@ class SourceScanner:
         if block is not None and block.thread is not None:
             event["thread"] = block.label
 
-    def _time_of_split(self, split):
-        if split is not None and split.journal_ts is not None:
-            return "journal", _TS_KIND[self.fmt], split.journal_ts
-        if self.last_time is not None:
-            return "inferred", self.last_time[0], self.last_time[1]
-        return "none", None, None
-
     def _event(self, signature, fields, text, line, line_no, offset, split, time, ranks) -> dict:
         ts_source, ts_kind, ts_value = time
         rank_text = fields.get("rank")
@@ -446,7 +438,7 @@ class SourceScanner:
 
     def _batch_line_groups(self, lines) -> None:
         groups: dict[bytes, list[bytes]] = {}
-        delete = _SHAPE_DELETE
+        delete = batchlines.SHAPE_DELETE
         for line in lines:
             key = line.translate(None, delete)
             bucket = groups.get(key)
@@ -597,7 +589,7 @@ class SourceScanner:
                 continue
             kind = found.group(self.batch_re.groups - 1)
             fields = split.message[found.end():]
-            key = (kind, fields.translate(None, _SHAPE_DELETE))
+            key = (kind, fields.translate(None, batchlines.SHAPE_DELETE))
             groups.setdefault(key, []).append(
                 (split.journal_ts, found.group(2) or b"", found.group(self.batch_re.groups), fields, split.host, split.unit))
         for (kind, _), rows in groups.items():

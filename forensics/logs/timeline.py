@@ -12,7 +12,6 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -342,7 +341,3 @@ def summary(scan_or_sources, **options):
     """Key facts in words: first thread death, its trigger, rooms affected, last real prefill batch."""
     result = scan_or_sources if isinstance(scan_or_sources, LogScan) else scan(scan_or_sources, **options)
     return result.summary()
-
-
-def source_paths(paths: Iterable[str]) -> list[Path]:
-    return [Path(p) for p in paths]

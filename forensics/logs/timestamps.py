@@ -65,7 +65,3 @@ def _localise(naive: pd.DatetimeIndex, tz: str) -> pd.DatetimeIndex:
     if index.tz is not None:
         return index.tz_convert("UTC")
     return index.tz_localize(tz, ambiguous="NaT", nonexistent="NaT").tz_convert("UTC")
-
-
-def convert_one(kind: str, value, tz: str = "UTC", year: int | None = None) -> pd.Timestamp:
-    return convert(kind, [value], tz=tz, year=year)[0]
