@@ -251,8 +251,7 @@ class SourceScanner:
                 taken, finished = self.blocks.offer(text, kind, line_no)
                 if taken:
                     if kind == "exception":
-                        owner = finished if finished is not None else None
-                        self._final_exception_event(text, line, line_no, offset, split, owner)
+                        self._final_exception_event(text, line, line_no, offset, split, finished)
                     if finished is not None:
                         self.pending_block = finished
                         self.pending_grace = 3
