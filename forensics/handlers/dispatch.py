@@ -792,7 +792,8 @@ def extract_branches(index: SourceIndex, code: LoopCode) -> list[Branch]:
         elif isinstance(statement, ast.Assert) and _mentions(statement.test, derived):
             tags = _tags_in(interpreter, statement.test)
             branches.append(
-                _branch(code, len(branches), tags, "guard-assert", "anything else: AssertionError ends the thread",
+                _branch(code, len(branches), tags, "guard-assert",
+                        "frames that pass the check go on; anything else: AssertionError ends the thread",
                         statement)
             )
     tail = [s for s in statements if getattr(s, "lineno", 0) > (branches[-1].end_line if branches else 0)]
