@@ -8,6 +8,7 @@ read canonically are declined and read by the Python path, so any difference is 
 from __future__ import annotations
 
 import gzip
+import re
 
 import numpy as np
 import pandas as pd
@@ -239,8 +240,8 @@ _MUTABLE = st.sampled_from(list(b"0123456789.,:- []%TZ+abcxyz\r\x00\xff"))
 def _label_spans(line: bytes) -> list[tuple[int, int]]:
     """Byte spans of the field labels: a digit put into a label is a known divergence (see below)."""
     spans = []
-    header = max(line.find(b"batch. "), line.find(b"batch, "), line.find(b"], "))
-    position = header + 7 if header >= 0 else 0
+    header = re.search(rb"batch(?: \[\d+\])?[.,] ", line)  # the fields start right after it
+    position = header.end() if header else 0
     while True:
         colon = line.find(b": ", position)
         if colon < 0:
