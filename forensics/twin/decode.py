@@ -334,17 +334,7 @@ class DecodeServer(httpserver.EngineEndpoints):
         self.metrics = TwinMetrics(version, "decode")
         self.scheduler = DecodeScheduler(settings, self.rd, self.metrics, version)
         self.started = time.time()
-        app = web.Application(middlewares=[httpserver.metrics_middleware(self.metrics)])
-        for endpoint in wire.ENDPOINTS:
-            app.router.add_post(endpoint, self.generate)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/health_generate", self.health)
-        app.router.add_get("/metrics", httpserver.metrics_handler(self.metrics))
-        app.router.add_get("/server_info", self.server_info)
-        app.router.add_get("/get_server_info", self.server_info)
-        app.router.add_post("/abort_request", self.abort_request)
-        app.router.add_get("/ping", self.ping)
-        self.app = app
+        self.app = self.engine_app()
 
     async def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.scheduler.run())

@@ -32,8 +32,25 @@ class EngineEndpoints:
     """The endpoints the prefill and decode servers answer alike, with sglang's PD semantics.
 
     The server supplies ``settings``, ``scheduler`` (``submit(request)``, ``abort(rid)``),
-    ``metrics`` and ``_wait_for_probe(item)``, which waits for the probe's one token.
+    ``metrics``, ``generate``, ``server_info`` and ``_wait_for_probe(item)``, which waits for
+    the probe's one token.
     """
+
+    def engine_app(self) -> web.Application:
+        """The aiohttp app with the routes an sglang engine serves (metrics counted per request)."""
+        from forensics.twin import wire
+
+        app = web.Application(middlewares=[metrics_middleware(self.metrics)])
+        for endpoint in wire.ENDPOINTS:
+            app.router.add_post(endpoint, self.generate)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/health_generate", self.health)
+        app.router.add_get("/metrics", metrics_handler(self.metrics))
+        app.router.add_get("/server_info", self.server_info)
+        app.router.add_get("/get_server_info", self.server_info)
+        app.router.add_post("/abort_request", self.abort_request)
+        app.router.add_get("/ping", self.ping)
+        return app
 
     async def health(self, request: web.Request) -> web.Response:
         """sglang's /health and /health_generate: a 1-token request on the fake bootstrap path."""

@@ -365,17 +365,7 @@ class PrefillServer(httpserver.EngineEndpoints):
         self.scheduler = PrefillScheduler(settings, self.loop, self.metrics, version)
         self.bootstrap = BootstrapServer()
         self.started = time.time()
-        app = web.Application(middlewares=[httpserver.metrics_middleware(self.metrics)])
-        for endpoint in wire.ENDPOINTS:
-            app.router.add_post(endpoint, self.generate)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/health_generate", self.health)
-        app.router.add_get("/metrics", httpserver.metrics_handler(self.metrics))
-        app.router.add_get("/server_info", self.server_info)
-        app.router.add_get("/get_server_info", self.server_info)
-        app.router.add_post("/abort_request", self.abort_request)
-        app.router.add_get("/ping", self.ping)
-        self.app = app
+        self.app = self.engine_app()
 
     async def start(self) -> None:
         runner = web.AppRunner(self.bootstrap.app, access_log=None)
