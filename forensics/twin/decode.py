@@ -108,6 +108,18 @@ class DecodeScheduler:
         self.aborts.add(rid)
         self.wakeup.set()
 
+    def _fail(self, item, stage: str, counter) -> None:
+        """sglang's ERROR line for a failed decode request ("handshake" in prealloc, "transfer" after)."""
+        decode_log.error(
+            f"Decode {stage} failed for request rank=0 decode_req.req.rid={item.req.rid!r} "
+            f"decode_req.req.bootstrap_room={item.req.bootstrap_room} with exception "
+            f"{self.rd.failure_text(item.receiver)}"
+        )
+        counter.inc()
+        self.counters[f"{stage}_failed"] += 1
+        self._release(item)
+        self._finish(item, error=f"{stage} failed")
+
     # ------------------------------------------------------------------- loop
 
     async def run(self) -> None:
@@ -161,15 +173,7 @@ class DecodeScheduler:
             recv = item.receiver
             state = recv.poll() if item.initialized else self._state(item)
             if state == self.KVPoll.Failed:
-                decode_log.error(
-                    f"Decode handshake failed for request rank=0 decode_req.req.rid={item.req.rid!r} "
-                    f"decode_req.req.bootstrap_room={item.req.bootstrap_room} with exception "
-                    f"{self.rd.failure_text(recv)}"
-                )
-                self.metrics.bootstrap_failed.inc()
-                self.counters["handshake_failed"] += 1
-                self._release(item)
-                self._finish(item, error="handshake failed")
+                self._fail(item, "handshake", self.metrics.bootstrap_failed)
                 continue
             if not item.initialized:
                 info = self._lookup(item.req.bootstrap_addr)
@@ -245,15 +249,7 @@ class DecodeScheduler:
                 self.metrics.observe_stage("decode_transferred", control_path)
                 self.recent_control_path_ms.append(round(control_path * 1000, 3))
             elif state == self.KVPoll.Failed:
-                decode_log.error(
-                    f"Decode transfer failed for request rank=0 decode_req.req.rid={item.req.rid!r} "
-                    f"decode_req.req.bootstrap_room={item.req.bootstrap_room} with exception "
-                    f"{self.rd.failure_text(item.receiver)}"
-                )
-                self.metrics.transfer_failed.inc()
-                self.counters["transfer_failed"] += 1
-                self._release(item)
-                self._finish(item, error="transfer failed")
+                self._fail(item, "transfer", self.metrics.transfer_failed)
             else:
                 keep.append(item)
         self.transfer_queue = keep

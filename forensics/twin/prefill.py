@@ -143,6 +143,17 @@ class PrefillScheduler:
         self.aborts.add(rid)
         self.wakeup.set()
 
+    def _fail(self, item: PrefillRequest, stage: str, counter) -> None:
+        """sglang's WARNING line for a failed prefill request ("bootstrap" or "transfer" queue)."""
+        room = item.req.bootstrap_room
+        prefill_log.warning(
+            f"Prefill {stage} failed for request rank=0 req.rid={item.req.rid!r} "
+            f"req.bootstrap_room={room} with exception {self._failure(room)}"
+        )
+        counter.inc()
+        self.counters[f"{stage}_failed"] += 1
+        self._finish(item, error=f"{stage} failed")
+
     # ------------------------------------------------------------------- loop
 
     async def run(self) -> None:
@@ -209,13 +220,7 @@ class PrefillScheduler:
             room = item.req.bootstrap_room
             state = self._room_state(room)
             if state == self.KVPoll.Failed:
-                prefill_log.warning(
-                    f"Prefill bootstrap failed for request rank=0 req.rid={item.req.rid!r} "
-                    f"req.bootstrap_room={room} with exception {self._failure(room)}"
-                )
-                self.metrics.bootstrap_failed.inc()
-                self.counters["bootstrap_failed"] += 1
-                self._finish(item, error="bootstrap failed")
+                self._fail(item, "bootstrap", self.metrics.bootstrap_failed)
                 moved = True
             elif state >= self.KVPoll.WaitingForInput:  # the real loop got the decode's transfer info
                 item.bootstrapped_at = time.monotonic()
@@ -288,13 +293,7 @@ class PrefillScheduler:
                 self.counters["transferred"] += 1
                 self._finish(item, meta=item.transfer.result())
             else:
-                prefill_log.warning(
-                    f"Prefill transfer failed for request rank=0 req.rid={item.req.rid!r} "
-                    f"req.bootstrap_room={room} with exception {self._failure(room)}"
-                )
-                self.metrics.transfer_failed.inc()
-                self.counters["transfer_failed"] += 1
-                self._finish(item, error="transfer failed")
+                self._fail(item, "transfer", self.metrics.transfer_failed)
         self.inflight_queue = keep
         return moved
 
