@@ -422,8 +422,8 @@ class SourceScanner:
         self._batch_line_groups(self._lines_with(data, BATCH_LITERAL, consumed))
 
     @staticmethod
-    def _lines_with(data: bytes, literal: bytes, consumed: set[int] | frozenset = frozenset()):
-        """Each line of ``data`` holding ``literal`` (once per line), skipping ``consumed`` starts."""
+    def _line_spans(data: bytes, literal: bytes, consumed: set[int] | frozenset = frozenset()):
+        """(start, end) of each line of ``data`` holding ``literal`` (once per line), skipping ``consumed`` starts."""
         find = data.find
         rfind = data.rfind
         position = find(literal)
@@ -431,9 +431,13 @@ class SourceScanner:
             start = rfind(b"\n", 0, position) + 1
             end = find(b"\n", position)
             position = find(literal, end)
-            if start in consumed:
-                continue
-            yield data[start:end]
+            if start not in consumed:
+                yield start, end
+
+    @classmethod
+    def _lines_with(cls, data: bytes, literal: bytes, consumed: set[int] | frozenset = frozenset()):
+        """Each line of ``data`` holding ``literal``, as bytes."""
+        return (data[start:end] for start, end in cls._line_spans(data, literal, consumed))
 
     def _batch_line_groups(self, lines) -> None:
         groups: dict[bytes, list[bytes]] = {}
@@ -673,11 +677,7 @@ class SourceScanner:
         match = UVICORN_ACCESS.match
         counted = 0
         last_minute = self.last_minute
-        position = find(ACCESS_LITERAL)
-        while position >= 0:
-            start = rfind(b"\n", 0, position) + 1
-            end = find(b"\n", position)
-            position = find(ACCESS_LITERAL, end)
+        for start, end in self._line_spans(data, ACCESS_LITERAL):
             found = match(data, start, end)
             if found is None:
                 continue
