@@ -206,7 +206,8 @@ def run(release: str = "0.5.15", *, directory: str | Path | None = None, progres
             deaths = logs.events[logs.events["signature"] == "thread_death"]
             if patched:
                 handled = (logs.events["signature"] == "abort_received").sum()
-                step(twin_name, "forensics logs", len(deaths) == 0,
+                # The fix held only if the ABORT reached the loop and was handled, not merely if nothing died.
+                step(twin_name, "forensics logs", len(deaths) == 0 and handled > 0,
                      f"no thread death; {handled} ABORT handled at INFO by the patched loop", t0)
             else:
                 found = len(deaths) > 0 and "Foreign traffic?" in str(deaths.iloc[0]["message"])

@@ -31,7 +31,8 @@ def test_verify_vulnerable_release_shows_the_death_and_passes_patched() -> None:
     proc = forensics("verify", "--sglang", "0.5.15", "--json")
     assert proc.returncode == 0, proc.stderr
     document = one_document(proc.stdout)
-    assert document["verdict"] == "PASS" and document["exit_code"] == 0
+    assert document["verdict"] == "PASS" and document["status"] == "pass" and document["exit"] == 0
+    assert document["nixl_agent"]["kind"] in ("real", "stand-in")
     assert document["vulnerable"] is True and document["abort_from_release_decode"] is True
     unpatched = document["runs"]["unpatched"]
     assert unpatched["died_at"] == "ABORT room 2"
@@ -49,14 +50,14 @@ def test_verify_vulnerable_release_shows_the_death_and_passes_patched() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_verify_and_diff_of_a_release_that_does_not_exist_exit_3() -> None:
-    proc = forensics("verify", "--sglang", "0.5.99", "--json")
-    assert proc.returncode == 3
-    document = one_document(proc.stdout)
-    assert document["verdict"] == "INCONCLUSIVE" and "0.5.99" in document["reasons"][0]
-    proc = forensics("diff", "--sglang", "0.5.99", "--json")
-    assert proc.returncode == 3
-    assert one_document(proc.stdout)["ok"] is False
+def test_verify_and_diff_of_a_release_that_does_not_exist_exit_4() -> None:
+    # The same failure (a release that cannot be had) is the same status in every command.
+    for command in ("verify", "diff"):
+        proc = forensics(command, "--sglang", "0.5.99", "--json")
+        assert proc.returncode == 4, (command, proc.stdout)
+        document = one_document(proc.stdout)
+        assert document["status"] == "error" and document["exit"] == 4 and document["kind"] == "SourceError"
+        assert "0.5.99" in document["error"] and "0.5.99" in proc.stderr
 
 
 @pytest.mark.timeout(120)

@@ -8,12 +8,10 @@ line in ``SUBCOMMANDS``; nothing heavy is imported to print ``--help``.
 from __future__ import annotations
 
 import importlib
-import sys
 
 import click
 
 from forensics import __version__
-from forensics.exitcodes import ENVIRONMENT, EnvironmentProblem
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("forensics.cli.logs_cmd", "Parse sglang PD logs into an incident timeline."),
@@ -56,8 +54,7 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
-        cli.main(args=argv, prog_name="forensics", standalone_mode=True)
-    except EnvironmentProblem as problem:  # pragma: no cover - exercised through subprocess tests
-        click.echo(f"forensics: {problem}", err=True)
-        sys.exit(ENVIRONMENT)
+    """Entry point: every exit goes through the one exit contract (forensics.cli.contract)."""
+    from forensics.cli import contract
+
+    contract.run(cli, argv)

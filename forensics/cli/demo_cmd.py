@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
+from forensics.cli.contract import conclude
 from forensics.exitcodes import BAD, GOOD
 
 
@@ -19,14 +18,10 @@ def command(release, directory, as_json):
 
     if as_json:
         result = demo.run(release, directory=directory)
-        from forensics.cli.render import emit_json
-
-        emit_json(result.to_dict())
-        sys.exit(GOOD if result.ok else BAD)
+        conclude(True, GOOD if result.ok else BAD, result.to_dict())
     from forensics.cli.render import console
 
     out = console()
     with out.status("starting", spinner="dots") as status:
         result = demo.run(release, directory=directory, progress=lambda message: status.update(message))
-    out.print(result)
-    sys.exit(GOOD if result.ok else BAD)
+    conclude(False, GOOD if result.ok else BAD, {}, lambda: out.print(result))

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from forensics.exitcodes import BAD, GOOD
+from forensics.cli.contract import conclude, fail_after_output
+from forensics.exitcodes import environment_problem_from_os_error
 
 
 def _console(stderr: bool = False):
     from rich.console import Console
 
     return Console(stderr=stderr)
-
-
-def _emit(document: dict) -> None:
-    click.echo(json.dumps(document, indent=2, default=str))
 
 
 @click.group()
@@ -41,23 +37,39 @@ def diff_command(release, a, b, confirm, as_json, out_dir):
         result = diff(release, a, b, confirm=confirm)
     except KeyError as exc:
         raise click.BadParameter(str(exc.args[0]), param_hint="--a/--b") from None
-    if out_dir:
-        directory = Path(out_dir)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "diff.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
-        (directory / "diff.html").write_text(
-            "<!doctype html><meta charset='utf-8'><title>handler diff</title>" + result._repr_html_()
-        )
-    if as_json:
-        _emit(result.to_dict())
-    else:
+    # findings (1), inconclusive when a backend could not be read or understood (3), clean (0)
+    status, word = result.exit_status, result.verdict
+
+    def human() -> None:
         console = _console()
         console.print(result)
         for finding in result.findings:
             console.print(f"[bold]{finding.severity}[/bold] {finding.summary}  (sandbox: {finding.confirmation})")
+
+    if out_dir:
+        try:
+            _save_diff(result, Path(out_dir))
+        except OSError as exc:
+            # The diff was computed: show it, then say which path could not be written (exit 4).
+            fail_after_output(as_json, environment_problem_from_os_error(exc, doing="cannot write"),
+                              result.to_dict(), human)
+
+    def human_saved() -> None:
+        human()
         if out_dir:
-            console.print(f"saved {Path(out_dir) / 'diff.json'} and {Path(out_dir) / 'diff.html'}")
-    raise SystemExit(BAD if result.findings else GOOD)
+            _console().print(f"saved {Path(out_dir) / 'diff.json'} and {Path(out_dir) / 'diff.html'}")
+
+    conclude(as_json, status, result.to_dict(), human_saved, word=word)
+
+
+def _save_diff(result, directory: Path) -> None:
+    from forensics.cli.render import encode_json
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "diff.json").write_bytes(encode_json(result.to_dict()) + b"\n")
+    (directory / "diff.html").write_text(
+        "<!doctype html><meta charset='utf-8'><title>handler diff</title>" + result._repr_html_(),
+        encoding="utf-8")
 
 
 @command.command("matrix")
@@ -87,15 +99,7 @@ def matrix_command(lower, upper, workers, no_cache, as_json, png):
             progress.update(task, advance=1, description=version)
 
         result = matrix(releases, workers=workers, use_cache=not no_cache, progress=advance)
-    if png:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        ax = result.plot()
-        ax.figure.savefig(png, dpi=130)
-    if as_json:
-        _emit(result.to_dict())
-    else:
+    def human() -> None:
         from rich.table import Table
 
         table = Table(title=f"sglang {lower} .. {upper}: receiver loops per release")
@@ -111,7 +115,20 @@ def matrix_command(lower, upper, workers, no_cache, as_json, png):
         console.print(f"NIXL prefill killed by the decode's ABORT: {result.window_text('nixl')}")
         if png:
             console.print(f"heatmap saved to {png}")
-    raise SystemExit(GOOD)
+
+    if png:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        ax = result.plot()
+        try:
+            ax.figure.savefig(png, dpi=130)
+        except OSError as exc:
+            fail_after_output(as_json, environment_problem_from_os_error(exc, png, "cannot write"),
+                              result.to_dict(), human)
+    # The matrix is a map, not a gate: good when every release was mapped, inconclusive
+    # (naming the rows) when some backend's code could not be read or understood.
+    conclude(as_json, result.exit_status, result.to_dict(), human, word=result.verdict)
 
 
 @command.command("check")
@@ -121,19 +138,27 @@ def check_command(source, as_json):
     """CI gate: exit 1 when a sent tag is unhandled by a receiver loop or any loop can die on a frame."""
     from forensics.handlers import map_release
 
-    handler_map = map_release(source)
+    handler_map = map_release(source)  # NoDisaggregationCode: exit 3; a missing tree: exit 4
     findings = handler_map.findings
-    if as_json:
-        _emit({
-            "version": handler_map.version,
-            "root": handler_map.root,
-            "clean": not findings,
-            "findings": [f.to_dict() for f in findings],
-            "gaps": [g.to_dict() for g in handler_map.gaps],
-            "backends": sorted(handler_map.backends),
-        })
-    else:
+    document = {
+        "version": handler_map.version,
+        "root": handler_map.root,
+        "clean": handler_map.verdict == "clean",
+        "reasons": handler_map.reasons(),
+        "findings": [f.to_dict() for f in findings],
+        "unreadable": [u.to_dict() for u in handler_map.unreadable],
+        "gaps": [g.to_dict() for g in handler_map.gaps],
+        "backends": sorted(handler_map.backends),
+    }
+    style = {"clean": "green", "findings": "red", "inconclusive": "yellow"}[handler_map.verdict]
+
+    def human() -> None:
         console = _console()
         console.print(handler_map)
-        console.print("[green]clean[/green]" if not findings else f"[red]{len(findings)} finding(s)[/red]")
-    raise SystemExit(BAD if findings else GOOD)
+        console.print(f"[{style}]{handler_map.verdict}[/{style}]: " + "; ".join(handler_map.reasons()))
+
+    undecided = handler_map.undecided()
+    if undecided is not None and handler_map.verdict == "inconclusive":
+        # Not clean and not a finding: say which file and line could not be read (exit 3).
+        fail_after_output(as_json, undecided, document, human)
+    conclude(as_json, handler_map.exit_status, document, human, word=handler_map.verdict)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import click
 
-from forensics.exitcodes import BAD, ENVIRONMENT, GOOD, INCONCLUSIVE
+from forensics.cli.contract import conclude, fail_after_output
+from forensics.exitcodes import EnvironmentProblem, environment_problem_from_os_error
 
 TABLE_COLUMNS = ["ts", "role", "host", "severity", "signature", "room", "thread", "message", "source", "line"]
 JSON_EVENT_COLUMNS = ["ts", "ts_source", "ts_upper", "host", "role", "unit", "source", "line", "signature",
@@ -38,17 +38,27 @@ def _progress_callback(paths: list[str]):
 
 @click.command()
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--since", help="Only events at or after this time (read in --tz when it has no zone).")
-@click.option("--until", help="Only events at or before this time.")
+@click.option("--since", help="Only events at or after this time: ISO (read in --tz when it has no zone), "
+                              "epoch seconds (@1751371200), or a duration before now (30m, 2h).")
+@click.option("--until", help="Only events at or before this time (same forms as --since).")
+@click.option("--last", help="Only the last stretch of the logs themselves, ending at their last line (30m, 2h).")
 @click.option("--tz", default="UTC", show_default=True, help="Zone of times that carry none (sglang prefix).")
 @click.option("--role", type=click.Choice(["prefill", "decode", "router"]), help="Role of every given source.")
 @click.option("--host", help="Host name for sources that do not name one.")
 @click.option("--year", type=int, help="Year for journalctl short-precise lines (they carry none).")
+@click.option("--format", "fmt", type=click.Choice(["plain", "short-iso", "short-iso-precise", "short-precise", "json",
+                                                    "journal"]),
+              help="Read every source in this format instead of detecting it ('journal': binary journal files).")
 @click.option("--all", "show_all", is_flag=True, help="Show every event, DEBUG and INFO included.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else there.")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), help="Write the events to CSV.")
-def command(paths, since, until, tz, role, host, year, show_all, as_json, csv_path):
-    """Parse sglang PD logs (files, .gz, directories, journal files, journalctl output, stderr)."""
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Write the events to CSV.")
+def command(paths, since, until, last, tz, role, host, year, fmt, show_all, as_json, csv_path):
+    """Parse sglang PD logs (files, .gz, directories, journal files, journalctl output, stderr; - for stdin).
+
+    Exit 0 clean (sglang lines read, nothing wrong; warnings allowed), 1 findings (critical or
+    error), 3 inconclusive (the output says what was missing), 4 nothing readable or an
+    output path that cannot be written.
+    """
     from forensics.logs import scan
 
     try:
@@ -57,61 +67,74 @@ def command(paths, since, until, tz, role, host, year, show_all, as_json, csv_pa
         ZoneInfo(tz)
     except Exception:
         raise click.BadParameter(f"unknown time zone {tz!r}", param_hint="--tz") from None
+    sources = _sources(paths, fmt)
     progress = None
     callback = None
     if not as_json and sys.stderr.isatty():
         progress, callback = _progress_callback(list(paths))
-    try:
-        if progress is not None:
-            with progress:
-                result = scan(list(paths), since=since, until=until, tz=tz, role=role, host=host, year=year,
-                              progress=callback)
-        else:
-            result = scan(list(paths), since=since, until=until, tz=tz, role=role, host=host, year=year)
-    except ValueError as exc:  # e.g. an unparseable --since
-        raise click.BadParameter(str(exc)) from None
-    readable = result.sources[result.sources["lines"] > 0] if len(result.sources) else result.sources
-    if len(readable) == 0 and all(not os.path.exists(p) for p in paths):
-        click.echo(f"forensics logs: nothing readable: {'; '.join(str(p) for p in result.problems)}", err=True)
-        sys.exit(ENVIRONMENT)
-    summary = result.summary()
-    events = result.events if show_all else result.important("warning")
-    if csv_path:
-        result.events.to_csv(csv_path, index=False)
-    critical = bool((result.events["severity"] == "critical").any())
-    unreadable = [str(p) for p in result.problems if p.line is None]
-    if critical:
-        status = BAD
-    elif len(readable) == 0 or unreadable:
-        status = INCONCLUSIVE
+    options = dict(since=since, until=until, last=last, tz=tz, role=role, host=host, year=year)
+    if progress is not None:
+        with progress:
+            result = scan(sources, progress=callback, **options)
     else:
-        status = GOOD
-    if as_json:
-        from forensics.cli.render import emit_json, frame_records
+        result = scan(sources, **options)
+    if result.lines_total == 0 and any(p.unreadable for p in result.problems):
+        raise EnvironmentProblem("nothing readable: " + "; ".join(str(p) for p in result.problems))
+    assessment = result.assess()
+    events = result.events if show_all else result.important("warning")
 
-        emit_json({
-            "status": {GOOD: "clean", BAD: "findings", INCONCLUSIVE: "inconclusive"}[status],
-            "summary": summary.to_dict(),
-            "sources": frame_records(result.sources),
-            "events": frame_records(events, JSON_EVENT_COLUMNS),
-            "event_counts": result.events["signature"].value_counts().to_dict(),
+    def document() -> dict:
+        from forensics.jsonable import frame_json
+
+        return {
+            "verdict": assessment.to_dict(),
+            "summary": result.summary().to_dict(),
+            "window": result.window.to_dict(),
+            "sources": frame_json(result.sources),
+            "events": frame_json(events, JSON_EVENT_COLUMNS),
+            "event_counts": {str(k): int(v) for k, v in result.events["signature"].value_counts().items()},
             "batch_rows": int(len(result.batches)),
             "problems": [str(p) for p in result.problems],
             "notes": result.notes,
-        })
-        sys.exit(status)
-    _print_human(result, summary, events)
-    sys.exit(status)
+        }
+
+    def human() -> None:
+        _print_human(result, assessment, events)
+
+    if csv_path:
+        try:
+            _write_csv(result.events, csv_path)
+        except OSError as exc:
+            # The scan is done: show it, then name the path that could not be written (exit 4).
+            fail_after_output(as_json, environment_problem_from_os_error(exc, csv_path, "cannot write the CSV"),
+                              document(), human)
+    conclude(as_json, assessment.exit_status, document(), human, word=assessment.word)
 
 
-def _print_human(result, summary, events) -> None:
+def _sources(paths, fmt):
+    """The paths as LogSources; ``--format`` overrides detection for all of them."""
+    from forensics.logs import LogSource
+
+    if fmt is None:
+        return list(paths)
+    if fmt == "journal":
+        return [LogSource(path, kind="journal") for path in paths]
+    return [LogSource(path, fmt=fmt) for path in paths]
+
+
+def _write_csv(events, csv_path: str) -> None:
+    """Events as CSV: rooms as plain digits (read them back with dtype={'room': 'UInt64'})."""
+    events.to_csv(csv_path, index=False)
+
+
+def _print_human(result, assessment, events) -> None:
     from rich.table import Table
     from rich.text import Text
 
     from forensics.cli.render import console
 
     out = console()
-    out.print(summary.__rich__())
+    out.print(result.summary().__rich__())
     table = Table(title=f"Events ({len(events)} shown of {len(result.events)})", show_lines=False)
     for column in TABLE_COLUMNS:
         table.add_column(column, overflow="fold", max_width=70 if column == "message" else None)
@@ -130,6 +153,7 @@ def _print_human(result, summary, events) -> None:
         out.print(Text(f"note: {note}", style="dim"))
     for problem in result.problems:
         out.print(Text(f"problem: {problem}", style="yellow"))
+    out.print(assessment)
 
 
 def _isna(value) -> bool:

@@ -1,22 +1,19 @@
 """``forensics patch``: the NIXL bootstrap-loop fix as a reviewable diff, a local apply, and a sandbox proof.
 
-Exit statuses: 0 good (diff produced, file patched or already patched, verify PASS);
-1 bad (the codemod refuses the file, verify FAIL); 3 could not decide (the release
-cannot be fetched, the sandbox cannot load it); 4 environment (unreadable/unwritable file).
+Exit statuses (the contract in forensics/exitcodes.py): 0 good (diff produced, file
+patched or already patched, verify PASS); 1 bad (the codemod refuses the file, verify
+FAIL); 3 could not decide (the sandbox could not run the check); 4 environment (the
+release cannot be fetched, an unreadable or unwritable file).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
-from forensics.exitcodes import BAD, GOOD, INCONCLUSIVE
-
-
-def _emit_json(document: dict) -> None:
-    click.echo(json.dumps(document, indent=2, default=str))
+from forensics.cli.contract import conclude
+from forensics.exitcodes import BAD, GOOD
 
 
 def _console(stderr: bool = False):
@@ -39,26 +36,21 @@ def diff_command(spec: str, as_json: bool) -> None:
     The diff goes to stdout (pipe it into `patch -p1` under site-packages); the step table
     goes to stderr.
     """
-    from forensics.sglang_source import SourceError, resolve
+    from forensics.sglang_source import resolve
     from patched_engine.codemod import PatchError, patch_source
 
-    try:
-        source = resolve(spec)
-        path = source.backend_file("nixl")
-    except SourceError as exc:
-        _fail(as_json, INCONCLUSIVE, f"could not get sglang {spec}: {exc}", release=spec)
-        return
+    source = resolve(spec)  # SourceError (exit 4) names the release when it cannot be had
+    path = source.backend_file("nixl")
     try:
         result = patch_source(path.read_text(encoding="utf-8"), source.version)
     except PatchError as exc:
-        _fail(as_json, BAD, str(exc), release=source.version)
-        return
-    if as_json:
-        _emit_json({"ok": True, **result.to_dict()})
-    else:
+        _refused(as_json, str(exc), release=source.version, file=str(path))
+
+    def human() -> None:
         _console(stderr=True).print(result)
         sys.stdout.write(result.diff)
-    sys.exit(GOOD)
+
+    conclude(as_json, GOOD, result.to_dict(), human, word="pass")
 
 
 @command.command("apply")
@@ -74,39 +66,43 @@ def apply_command(path: str, yes: bool, backup_dir: str | None, as_json: bool) -
     try:
         result = apply_file(path, yes=yes, backup_dir=backup_dir)
     except PatchError as exc:
-        _fail(as_json, BAD, str(exc), file=path)
-        return
-    if as_json:
-        _emit_json({"ok": True, **result.to_dict()})
-    else:
+        _refused(as_json, str(exc), file=path)
+
+    def human() -> None:
         _console().print(result)
         if result.status == "planned":
             sys.stdout.write(result.plan.patch.diff)  # verbatim: never wrapped or highlighted
-    sys.exit(GOOD)
+
+    # The status word is the apply's outcome: planned, applied or already-patched.
+    details = result.to_dict()
+    word = details.pop("status")
+    conclude(as_json, GOOD, details, human, word=word)
 
 
 @command.command("verify")
 @click.option("--sglang", "spec", required=True, help="Release number, 'installed', or a directory holding sglang/srt.")
+@click.option("--nixl/--no-nixl", default=True, show_default=True,
+              help="Real NIXL agents (UCX, host memory) or the recording stand-in; the result names which ran.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-def verify_command(spec: str, as_json: bool) -> None:
+def verify_command(spec: str, nixl: bool, as_json: bool) -> None:
     """Run the ABORT/foreign-frame scenario on the unpatched and patched file in the engine sandbox.
 
     Exit 0 when the patched file keeps its thread alive with room 2 Failed and rooms 3-4
     WaitingForInput, 1 when it does not, 3 when the check could not run.
     """
+    from forensics.sglang_source import resolve
     from patched_engine.verify import verify_release
 
-    result = verify_release(spec)
-    if as_json:
-        _emit_json(result.to_dict())
-    else:
-        _console().print(result)
-    sys.exit(result.exit_code)
+    resolve(spec)  # a release that cannot be had is exit 4 here as in every command (SourceError)
+    result = verify_release(spec, nixl=nixl)
+    details = result.to_dict()
+    word = details.pop("status")
+    details.pop("exit")
+    conclude(as_json, result.exit_status, details, lambda: _console().print(result), word=word)
 
 
-def _fail(as_json: bool, code: int, message: str, **context) -> None:
-    if as_json:
-        _emit_json({"ok": False, "error": message, "exit_code": code, **context})
-    else:
+def _refused(as_json: bool, message: str, **context) -> None:
+    """The codemod refuses the file (an anchor it needs is missing): a finding, exit 1."""
+    if not as_json:
         click.echo(f"forensics patch: {message}", err=True)
-    sys.exit(code)
+    conclude(as_json, BAD, {"error": message, "kind": "PatchError", **context}, word="fail")

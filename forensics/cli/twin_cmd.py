@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import click
 
+from forensics.cli.contract import conclude
 from forensics.exitcodes import BAD, GOOD
 
 INVENTORY_HELP = "the twin's inventory file (printed by 'twin up')"
 
 
-def _emit(as_json: bool, data: dict, human) -> None:
-    if as_json:
-        click.echo(json.dumps(data, indent=2, default=str))
-    else:
-        from rich.console import Console
+def _print(renderable) -> None:
+    from rich.console import Console
 
-        Console().print(human)
+    Console().print(renderable)
 
 
 @click.group(name="twin")
@@ -45,9 +41,13 @@ def up(version, patched, backend, base_port, waiting_timeout, directory, as_json
     data = dict(deployment.urls(), sglang=version, patched=patched, backend=backend,
                 directory=str(deployment.directory), timings_s=deployment.timings,
                 pids={role: deployment.pid(role) for role in ("prefill", "decode", "router")})
-    _emit(as_json, data, deployment)
-    if not as_json:
+    data["inventory"] = str(deployment.inventory_path)
+
+    def human() -> None:
+        _print(deployment)
         click.echo(f"inventory: {deployment.inventory_path}")
+
+    conclude(as_json, GOOD, data, human, word="up")
 
 
 @command.command()
@@ -62,9 +62,8 @@ def status(inventory, as_json) -> None:
     healthy = all(r["alive"] and r["answering"] for r in roles.values()) and roles["prefill"].get(
         "bootstrap_thread_alive") is True
     report["healthy"] = healthy
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
+
+    def human() -> None:
         from rich.table import Table
 
         table = Table(title=f"twin {report['sglang']}{' (patched)' if report['patched'] else ''}")
@@ -73,8 +72,9 @@ def status(inventory, as_json) -> None:
         for role, entry in roles.items():
             table.add_row(role, str(entry["pid"]), str(entry["alive"]), str(entry["answering"]),
                           str(entry.get("bootstrap_thread_alive", "")))
-        _emit(False, report, table)
-    sys.exit(GOOD if healthy else BAD)
+        _print(table)
+
+    conclude(as_json, GOOD if healthy else BAD, report, human, word="healthy" if healthy else "unhealthy")
 
 
 @command.command()
@@ -86,17 +86,33 @@ def restart(role, inventory, as_json) -> None:
     from forensics.twin import api
 
     deployment = api.attach(inventory)
+    # restart() raises (exit 4) when a role does not come back ready; then check what runs now.
     seconds = deployment.restart(role)
-    data = {"restarted": role, "seconds": round(seconds, 3), "inventory": str(Path(inventory))}
-    _emit(as_json, data, f"restarted {role} in {seconds:.2f}s")
+    report = deployment.status()
+    roles = ("prefill", "decode", "router") if role == "all" else (role,)
+    down = [name for name in roles
+            if not (report["roles"][name]["alive"] and report["roles"][name]["answering"])]
+    data = {"restarted": role, "seconds": round(seconds, 3), "inventory": str(Path(inventory)),
+            "not_answering": down}
+    message = (f"restarted {role} in {seconds:.2f}s" if not down
+               else f"restarted {role}, but not answering now: {', '.join(down)}")
+    conclude(as_json, BAD if down else GOOD, data, lambda: _print(message),
+             word="failed" if down else "restarted")
 
 
 @command.command()
 @click.option("--inventory", required=True, type=click.Path(dir_okay=False), help=INVENTORY_HELP)
 @click.option("--json", "as_json", is_flag=True)
 def down(inventory, as_json) -> None:
-    """Stop every process of the twin."""
-    from forensics.twin import api
+    """Stop every process of the twin (exit 1 if any is still running afterwards)."""
+    from forensics.twin import api, processes
 
-    stopped = api.attach(inventory).down()
-    _emit(as_json, {"stopped": stopped, "inventory": str(Path(inventory))}, f"stopped: {', '.join(stopped) or 'nothing'}")
+    deployment = api.attach(inventory)
+    pids = {role: deployment.pid(role) for role in ("prefill", "decode", "router")}
+    stopped = deployment.down()
+    still = [role for role, pid in pids.items() if processes.alive(pid)]
+    data = {"stopped": stopped, "still_running": still, "inventory": str(Path(inventory))}
+    message = f"stopped: {', '.join(stopped) or 'nothing was running'}"
+    if still:
+        message += f"; still running: {', '.join(still)}"
+    conclude(as_json, BAD if still else GOOD, data, lambda: _print(message), word="failed" if still else "down")
