@@ -100,6 +100,8 @@ def test_boundary_release_map(version):
             assert [d.outcome.fate for d in mori_aborts] == [DROPPED_WARNING]
         if v >= Version("0.5.19"):
             assert {d.outcome.fate for d in mori_aborts} == {HANDLED}
+        if v < Version("0.5.13"):
+            assert mori_aborts == []  # no decode sends ABORT before 0.5.13
     else:
         assert "mori" not in handler_map.backends
 
@@ -206,7 +208,8 @@ def test_bad_input_is_named_and_partial_maps_survive(tmp_path):
     gap = next(g for g in handler_map.gaps if g.file == "mooncake/conn.py")
     assert "does not parse" in gap.reason and "line 1" in gap.reason
     assert "mooncake" not in handler_map.backends
-    assert "ascend" in handler_map.backends or any(g.file == "ascend/conn.py" for g in handler_map.gaps)
+    # ascend runs mooncake's loop, which does not parse: not a backend, a named gap.
+    assert "ascend" not in handler_map.backends and any(g.file == "ascend/conn.py" for g in handler_map.gaps)
     nixl = handler_map.backend("nixl")
     (prefill,) = nixl.loops_for(PREFILL)
     assert prefill.function.endswith("_start_prefill_listener.prefill_listener")

@@ -97,7 +97,8 @@ def test_behaviour_follows_the_code_not_the_version(tmp_path) -> None:
     assert alive.final_states == PATCHED_FINAL
     abort_step = next(s for s in alive.steps if s.name == ABORT_STEP)
     assert "Received abort notification for room 2, marked as Failed" in _messages(abort_step)
-    assert any(r.get("level") == "INFO" for r in abort_step.logs)
+    assert [r["level"] for r in abort_step.logs
+            if r.get("message") == "Received abort notification for room 2, marked as Failed"] == ["INFO"]
 
 
 @pytest.mark.timeout(120)
@@ -105,6 +106,13 @@ def test_missing_release_is_inconclusive() -> None:
     result = verify_release("0.5.99")
     assert result.verdict == "INCONCLUSIVE" and result.exit_code == 3
     assert "0.5.99" in result.reasons[0]
+    # Nothing ran, so nothing may be claimed about steps or checks.
+    assert not any(check.ok for check in result.checks)
+    from rich.console import Console
+
+    console = Console(record=True, width=120)
+    console.print(result)
+    assert "alive after every step" not in console.export_text()
 
 
 @pytest.mark.slow

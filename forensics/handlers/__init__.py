@@ -2,7 +2,9 @@
 
 ``map_release(source)`` maps one release or fork; ``diff(release, "nixl", "mooncake")``
 puts two backends' loops side by side by tag; ``matrix(releases)`` maps many releases
-into one DataFrame with a heatmap; ``check(source)`` is the CI gate (findings or not).
+into one DataFrame with a heatmap; ``check(source)`` is the CI gate: its map's
+``verdict`` is "findings", "inconclusive" (something could not be read or understood,
+listed with file and line in ``unreadable``) or "clean".
 
 Everything is read from the release's own source with ``ast``; the vulnerable window
 comes out of the analysis, not from a table of versions.
@@ -10,13 +12,30 @@ comes out of the analysis, not from a table of versions.
 
 from __future__ import annotations
 
-from forensics.handlers.model import CRITICAL, WARNING, Finding, Gap
+from forensics.handlers.model import (
+    CLEAN,
+    CRITICAL,
+    FINDINGS,
+    INCONCLUSIVE,
+    WARNING,
+    Finding,
+    Gap,
+    Unreadable,
+    UnreadableBackend,
+    UnreadableSource,
+)
 
 __all__ = [
+    "CLEAN",
     "CRITICAL",
+    "FINDINGS",
+    "INCONCLUSIVE",
     "WARNING",
     "Finding",
     "Gap",
+    "Unreadable",
+    "UnreadableBackend",
+    "UnreadableSource",
     "check",
     "diff",
     "map_release",
@@ -40,13 +59,13 @@ def map_release(release):
 
 
 def diff(release, a: str = "nixl", b: str = "mooncake", *, confirm: bool = False):
-    """Two backends' loops aligned by tag (a :class:`~forensics.handlers.diff.HandlerDiff`).
+    """Two backends' loops aligned by tag (a :class:`~forensics.handlers.side_by_side.HandlerDiff`).
 
     With ``confirm=True`` each critical NIXL prefill finding is replayed in the engine
     sandbox and its word ("died: ...", "survived", "not confirmed (...)") is shown beside
     the static verdict.
     """
-    from forensics.handlers.diff import build_diff
+    from forensics.handlers.side_by_side import build_diff
 
     source = resolve_source(release)
     handler_map = map_release(source)
@@ -68,6 +87,13 @@ def matrix(releases=None, **options):
     return build_matrix(releases, **options)
 
 
-def check(release) -> list[Finding]:
-    """Every finding in a release or fork; empty means clean (the CLI exits 1 otherwise)."""
-    return map_release(release).findings
+def check(release):
+    """The CI gate over a release or fork: its :class:`~forensics.handlers.handler_map.HandlerMap`.
+
+    Read ``.verdict`` ("findings", "inconclusive", "clean") and ``.exit_status`` (1, 3, 0),
+    ``.findings`` and ``.unreadable`` (what could not be read or understood, with file and
+    line). No findings alone does not mean clean. Raises
+    :class:`~forensics.handlers.handler_map.NoDisaggregationCode` (INCONCLUSIVE) for a tree
+    without disaggregation code.
+    """
+    return map_release(release)

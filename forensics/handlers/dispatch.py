@@ -13,6 +13,13 @@ as false and the outcome is marked conditional.
 
 The result is an :class:`Outcome`: handled, dropped (with a warning, logged or
 silently) or the thread dies, with the line that decides it.
+
+What the interpreter does not model is never passed over in silence: a ``match``
+statement, a handler chosen at run time (``self.handlers[msg[0]](msg)``), a tag compared
+with a value it cannot resolve, the frames handed to a call it does not follow before any
+test on them, a nested loop over the frames. Each is recorded (``State.opaque``, and
+:func:`structural_problems` for the loop body as written) with its file and line, and the
+loop is then reported as not understood rather than as handling what it was given.
 """
 
 from __future__ import annotations
@@ -85,6 +92,15 @@ class _Terminal:
     node: ast.AST | None = None
 
 
+@dataclass(frozen=True)
+class Opaque:
+    """A construct the interpreter met and does not model: the outcome around it is a guess."""
+
+    file: str
+    line: int
+    reason: str
+
+
 @dataclass
 class State:
     shape: FrameShape
@@ -93,9 +109,12 @@ class State:
     matched: ast.AST | None = None
     caught: FrameError | None = None
     conditional: bool = False
+    # Shared by every copy and helper state of one run: whatever path found it, it was met.
+    opaque: list[Opaque] = field(default_factory=list)
 
     def copy(self) -> State:
-        return State(self.shape, dict(self.names), self.warned, self.matched, self.caught, self.conditional)
+        return State(self.shape, dict(self.names), self.warned, self.matched, self.caught, self.conditional,
+                     self.opaque)
 
 
 def _as_bytes(value: object) -> bytes | None:
@@ -124,6 +143,35 @@ class Interpreter:
         # test reads, a return); a bare ``self._add_remote_peer(X.from_zmq(msg))`` is the
         # branch's work, not its choice, and is not second-guessed.
         self.steering = 0
+
+    # -- what is not modelled
+
+    def opaque(self, st: State, node: ast.AST, reason: str) -> None:
+        entry = Opaque(self.parsed.relpath, getattr(node, "lineno", 0) or 0, reason)
+        if entry not in st.opaque:
+            st.opaque.append(entry)
+
+    def _frame_values(self, values: list[object]) -> bool:
+        return any(isinstance(v, Msg | Elem) for v in values)
+
+    def check_callee(self, node: ast.Call, args: list[object], st: State) -> None:
+        """A handler chosen at run time and handed the frames: the dispatch is not in the code as written."""
+        if not self._frame_values(args):
+            return
+        func = node.func
+        chosen = None
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Subscript | ast.Call):
+            chosen = ast.unparse(func)
+        elif not isinstance(func, ast.Name | ast.Attribute):
+            chosen = ast.unparse(func)
+        elif isinstance(func, ast.Name) and func.id in st.names:
+            chosen = func.id
+        if chosen is not None:
+            self.opaque(st, node, f"the frames go to a handler chosen at run time ({_short(chosen)}); "
+                                  "the analysis cannot tell which tags it takes")
+
+    def _frame_names(self, st: State) -> set[str]:
+        return {name for name, value in st.names.items() if isinstance(value, Msg | Elem)}
 
     # -- expressions
 
@@ -204,7 +252,9 @@ class Interpreter:
         func = node.func
         args = [self.value(arg, st, depth) for arg in node.args]
         for keyword in node.keywords:
-            self.value(keyword.value, st, depth)
+            args.append(self.value(keyword.value, st, depth))
+        self.check_callee(node, args, st)
+        args = args[: len(node.args)]
         if isinstance(func, ast.Attribute) and func.attr in ("encode", "decode") and not node.args[1:]:
             base = self.value(func.value, st, depth)
             if isinstance(base, Const) and isinstance(base.value, str | bytes):
@@ -277,7 +327,7 @@ class Interpreter:
         params = [a.arg for a in function.args.args]
         if params and params[0] in ("self", "cls"):
             params = params[1:]
-        inner = State(st.shape)
+        inner = State(st.shape, opaque=st.opaque)
         for name, value in zip(params, args, strict=False):
             inner.names[name] = value
         terminal = interpreter.block(function.body, inner, depth, in_loop=False)
@@ -325,11 +375,24 @@ class Interpreter:
             left = self.value(node.left, st, depth)
             right = self.value(node.comparators[0], st, depth)
             result = self.compare(left, node.ops[0], right, node.comparators[0], st)
+            if result is None:
+                self._undecided_tag_test(node, left, right, st)
             if result is True and isinstance(node.ops[0], ast.Eq | ast.In) and Elem in (type(left), type(right)):
                 st.matched = st.matched or node
             return result
         value = self.value(node, st, depth)
         return self.truth(value, st)
+
+    def _undecided_tag_test(self, node: ast.Compare, left: object, right: object, st: State) -> None:
+        """A tag (a constant frame) compared for equality with something the analysis cannot resolve."""
+        op = node.ops[0]
+        if not isinstance(op, ast.Eq | ast.NotEq):
+            return
+        for mine, other, other_node in ((left, right, node.comparators[0]), (right, left, node.left)):
+            if isinstance(mine, Elem) and st.shape.elements[mine.index].kind == "const" and not isinstance(other, Const):
+                self.opaque(st, node, f"a tag test the analysis cannot decide ({_short(ast.unparse(node))}): "
+                                      f"{_short(ast.unparse(other_node))} is not a constant it can resolve")
+                return
 
     def truth(self, value: object, st: State) -> bool | None:
         if isinstance(value, Msg):
@@ -515,15 +578,33 @@ class Interpreter:
                 if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "logger":
                     self.call(call, st, depth)
                     return None
-                for arg in [*call.args, *(k.value for k in call.keywords)]:
-                    self.value(arg, st, depth)
+                args = [self.value(arg, st, depth) for arg in [*call.args, *(k.value for k in call.keywords)]]
                 if isinstance(func, ast.Attribute):
                     self.value(func.value, st, depth)
+                self.check_callee(call, args, st)
+                if depth == 0 and st.matched is None and any(isinstance(a, Msg) for a in args):
+                    # The whole message handed to a call made for its effect, before any test chose
+                    # a case: that call is the dispatch, and the analysis does not follow it.
+                    self.opaque(st, call, f"the frames are handed to {_short(ast.unparse(func))}() before any "
+                                          "test on them; the analysis does not follow that call")
                 return None
             self.value(node.value, st, depth)
             return None
-        if isinstance(node, ast.For | ast.While | ast.FunctionDef | ast.ClassDef):
-            return None  # nested loops and definitions do not steer this frame
+        if isinstance(node, ast.For | ast.AsyncFor):
+            if _mentions(node.iter, self._frame_names(st)):
+                self.opaque(st, node, f"a nested loop over the frames (for ... in {_short(ast.unparse(node.iter))}) "
+                                      "is not interpreted")
+            return None
+        if isinstance(node, ast.While):
+            if _mentions(node.test, self._frame_names(st)):
+                self.opaque(st, node, f"a nested loop on the frames (while {_short(ast.unparse(node.test))}) "
+                                      "is not interpreted")
+            return None
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            return None  # definitions do not steer this frame
+        if isinstance(node, UNMODELLED):
+            self.opaque(st, node, f"a {_construct(node)} is not interpreted by the analysis")
+            return None
         return None
 
     def _branch(self, body: list[ast.stmt], st: State, depth: int, in_loop: bool) -> _Terminal | None:
@@ -621,12 +702,15 @@ class LoopCode:
     recv_helper_class: str | None = None
 
 
-def run_frame(index: SourceIndex, code: LoopCode, shape: FrameShape) -> Outcome:
-    """Deliver one frame to one loop and say what happens."""
+def run_frame(index: SourceIndex, code: LoopCode, shape: FrameShape, opaque: list[Opaque] | None = None) -> Outcome:
+    """Deliver one frame to one loop and say what happens.
+
+    ``opaque``, when given, collects what the interpreter met and could not interpret on the way.
+    """
     interpreter = Interpreter(index, code.self_class, code.parsed)
-    st = State(shape)
+    st = State(shape, opaque=opaque if opaque is not None else [])
     if code.recv_helper is not None:
-        consumed = _consumed_by_recv_helper(index, code, shape)
+        consumed = _consumed_by_recv_helper(index, code, shape, st.opaque)
         if consumed is not None:
             return consumed
     st.names[code.message_name] = Msg(0)
@@ -650,7 +734,8 @@ def run_frame(index: SourceIndex, code: LoopCode, shape: FrameShape) -> Outcome:
     return _outcome(index, code, DROPPED_SILENTLY, "skipped without a log line", terminal.node, st)
 
 
-def _consumed_by_recv_helper(index: SourceIndex, code: LoopCode, shape: FrameShape) -> Outcome | None:
+def _consumed_by_recv_helper(index: SourceIndex, code: LoopCode, shape: FrameShape,
+                             opaque: list[Opaque]) -> Outcome | None:
     """A recv wrapper (``_make_worker_recv``) may consume some frames (BOOTSTRAP) before the loop."""
     helper = code.recv_helper
     assert helper is not None
@@ -661,7 +746,7 @@ def _consumed_by_recv_helper(index: SourceIndex, code: LoopCode, shape: FrameSha
             resolved = interpreter.resolve_helper(call.func)
             if resolved is None or not call.args:
                 continue
-            st = State(shape)
+            st = State(shape, opaque=opaque)
             try:
                 result = interpreter.run_helper(resolved, call, [Msg(0)], st, 1)
             except FrameError as error:
@@ -756,6 +841,39 @@ def _enclosing_if(node: ast.AST | None, parsed: ParsedFile, loop: ast.While) -> 
             return None
         current = parsed.parents.get(current)
     return None
+
+
+UNMODELLED = (ast.Match, ast.AsyncWith, ast.TryStar) if hasattr(ast, "TryStar") else (ast.Match, ast.AsyncWith)
+
+
+def _construct(node: ast.AST) -> str:
+    return {"Match": "match statement", "AsyncWith": "async with block", "TryStar": "try/except* block",
+            "AsyncFor": "async for loop"}.get(type(node).__name__, type(node).__name__)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def structural_problems(code: LoopCode) -> list[Opaque]:
+    """Constructs in the loop body, as written, that the interpreter does not model.
+
+    Checked whether or not a probe frame reaches them: a ``match`` the interpreter skipped
+    could be where the frame it called "handled" really goes.
+    """
+    found: list[Opaque] = []
+    pending: list[ast.AST] = list(code.loop.body)
+    while pending:
+        node = pending.pop(0)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            continue
+        if isinstance(node, (*UNMODELLED, ast.AsyncFor)):
+            entry = Opaque(code.parsed.relpath, node.lineno, f"a {_construct(node)} is not interpreted by the analysis")
+            if entry not in found:
+                found.append(entry)
+        pending.extend(ast.iter_child_nodes(node))
+    return sorted(found, key=lambda o: o.line)
 
 
 def foreign_shape(arity: int) -> FrameShape:

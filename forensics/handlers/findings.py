@@ -3,7 +3,9 @@
 Derived only from the map (the code), never from a version table: a tag is a finding in a
 release exactly when some sender in that release builds it and the receiving loop of the
 same backend does not take it. Rated by what happens: the thread dies (critical) or the
-frame is dropped (warning).
+frame is dropped (warning). A finding on a loop the analysis did not fully understand
+carries a ``caveat`` naming what it could not interpret: it is listed, and does not decide
+a verdict on its own.
 """
 
 from __future__ import annotations
@@ -20,6 +22,14 @@ from forensics.handlers.model import (
 
 UNHANDLED = "unhandled-tag"
 FRAGILE = "dies-on-unknown-frame"
+
+
+def _caveat(loop) -> str:
+    if loop.understood:
+        return ""
+    first = loop.not_understood[0]
+    more = f" (and {len(loop.not_understood) - 1} more)" if len(loop.not_understood) > 1 else ""
+    return f"the loop was not fully understood: {first.where}: {first.reason}{more}"
 
 
 def findings_of(handler_map) -> list[Finding]:
@@ -51,6 +61,7 @@ def findings_of(handler_map) -> list[Finding]:
                     file=outcome.file,
                     line=outcome.line,
                     conditions=list(message.conditions),
+                    caveat=_caveat(loop),
                 )
             )
         for loop in backend.loops:
@@ -78,6 +89,7 @@ def findings_of(handler_map) -> list[Finding]:
                     receiver=f"{loop.file}:{loop.line} {loop.function}",
                     file=worst.file,
                     line=worst.line,
+                    caveat=_caveat(loop),
                 )
             )
     return found

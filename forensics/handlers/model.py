@@ -3,11 +3,16 @@
 Plain dataclasses with ``to_dict`` for JSON; the analysis fills them and the
 renderers read them. Fates are a small closed vocabulary so tables and the CLI
 can branch on them.
+
+Whatever the analysis could not read or could not interpret is an :class:`Unreadable`
+with its file and line: a verdict of "clean" is never given over it.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+from forensics.exitcodes import ExitStatus, Undecided
 
 # What happens to a frame in a receiver loop.
 HANDLED = "handled"
@@ -16,10 +21,30 @@ DROPPED_LOGGED = "dropped, exception logged"  # a per-message try/except caught 
 DROPPED_SILENTLY = "dropped silently"
 DIES = "thread dies"
 UNREAD = "no reader"  # sent to a role whose backend runs no receiver loop
-FATES = (HANDLED, DROPPED_WARNING, DROPPED_LOGGED, DROPPED_SILENTLY, DIES, UNREAD)
+NOT_READ = "not read"  # the backend's code could not be read (a conn.py that does not parse)
+NOT_UNDERSTOOD = "not understood"  # the loop was read but the analysis could not interpret it
+FATES = (HANDLED, DROPPED_WARNING, DROPPED_LOGGED, DROPPED_SILENTLY, DIES, UNREAD, NOT_READ, NOT_UNDERSTOOD)
 
 CRITICAL = "critical"
 WARNING = "warning"
+
+# Verdict words of a handler map or diff (the CLI's JSON ``status``) and their exit statuses.
+FINDINGS = "findings"
+INCONCLUSIVE = "inconclusive"
+CLEAN = "clean"
+VERDICT_STATUS = {FINDINGS: ExitStatus.BAD, INCONCLUSIVE: ExitStatus.INCONCLUSIVE, CLEAN: ExitStatus.GOOD}
+
+# Why a part of the code could not be read or understood (``Unreadable.kind``).
+UNPARSEABLE = "unparseable"  # a file that does not parse (SyntaxError, null bytes, nesting too deep)
+UNREADABLE_FILE = "unreadable-file"  # a file that cannot be read (permissions, not UTF-8)
+NO_MANAGER = "no-manager"  # a backend conn.py without a *KVManager class
+NO_LOOP = "no-loop"  # a backend whose manager starts no (prefill) receiver loop the analysis recognises
+NO_READER = "no-reader"  # a message sent to a role for which no receiver loop was found
+ROLE_UNKNOWN = "role-unknown"  # a receiver loop whose role (prefill/decode) could not be told
+NOT_INTERPRETED = "loop-not-interpreted"  # a loop construct the interpreter does not model
+ANALYSIS_ERROR = "analysis-error"  # the analysis itself failed on this loop
+UNREADABLE_KINDS = (UNPARSEABLE, UNREADABLE_FILE, NO_MANAGER, NO_LOOP, NO_READER, ROLE_UNKNOWN, NOT_INTERPRETED,
+                    ANALYSIS_ERROR)
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -153,6 +178,71 @@ class Outcome:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """A part of a release's code the analysis could not read, or read and could not interpret.
+
+    ``file`` is relative to the ``disaggregation`` directory (``nixl/conn.py``), as everywhere
+    in the map; ``path`` is the absolute path. ``line`` is 1-based (a SyntaxError's line, the
+    line of the construct the interpreter does not model); None only when no line applies (a
+    file that cannot be opened, a file without the class looked for). ``backend`` is the
+    backend it blinds, None for a shared file (``common/``, ``base/``) every backend may use.
+    """
+
+    file: str
+    line: int | None
+    backend: str | None
+    reason: str
+    kind: str = NOT_INTERPRETED
+    path: str = ""
+
+    @property
+    def where(self) -> str:
+        return self.file if self.line is None else f"{self.file}:{self.line}"
+
+    def __str__(self) -> str:
+        scope = f"{self.backend}: " if self.backend else "shared: "
+        return f"{scope}{self.where}: {self.reason}"
+
+    def to_dict(self) -> dict:
+        return {
+            "file": self.file,
+            "line": self.line,
+            "backend": self.backend,
+            "kind": self.kind,
+            "reason": self.reason,
+            "path": self.path,
+        }
+
+
+class UnreadableSource(Undecided):
+    """The analysis could not read or interpret part of the code, so it cannot call it clean (exit 3).
+
+    ``unreadable`` lists every part with its file and line; the message names them.
+    """
+
+    def __init__(self, message: str, unreadable: list[Unreadable] | None = None) -> None:
+        super().__init__(message)
+        self.unreadable = list(unreadable or [])
+
+
+class UnreadableBackend(UnreadableSource, KeyError):
+    """``HandlerMap.backend(name)`` for a backend whose code is there but could not be read.
+
+    Still a KeyError (no mapped backend by that name), and INCONCLUSIVE if it ends a command.
+    """
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+
+def describe_unreadable(unreadable: list[Unreadable], limit: int = 3) -> str:
+    """One line naming the first few unreadable parts by file and line."""
+    shown = "; ".join(str(u) for u in unreadable[:limit])
+    more = f" (and {len(unreadable) - limit} more)" if len(unreadable) > limit else ""
+    return shown + more
+
+
 @dataclass
 class ReceiverLoop:
     """A thread that reads a backend's PULL socket in a ``while`` loop."""
@@ -174,6 +264,13 @@ class ReceiverLoop:
     source: str
     inherited_from: str | None = None
     recv_helper: str | None = None  # a wrapper that consumes some frames before the loop sees them
+    # What the interpreter met in this loop (or a helper it followed) and could not interpret:
+    # any entry makes every outcome of this loop a guess, so nothing here is called clean.
+    not_understood: list[Unreadable] = field(default_factory=list)
+
+    @property
+    def understood(self) -> bool:
+        return not self.not_understood
 
     @property
     def dies_on_unknown(self) -> bool:
@@ -198,6 +295,8 @@ class ReceiverLoop:
             "target": self.target,
             "inherited_from": self.inherited_from,
             "recv_helper": self.recv_helper,
+            "understood": self.understood,
+            "not_understood": [u.to_dict() for u in self.not_understood],
         }
         if with_source:
             data["source"] = self.source
@@ -256,6 +355,13 @@ class Finding:
     line: int
     conditions: list[str] = field(default_factory=list)
     confirmation: str = "not checked"  # the sandbox's word: "died", "survived", "not confirmed (...)"
+    # Set when the receiving loop was not fully understood: the fate is then the analysis's best
+    # reading, not a fact, and the finding does not decide a verdict on its own.
+    caveat: str = ""
+
+    @property
+    def certain(self) -> bool:
+        return not self.caveat
 
     def to_dict(self) -> dict:
         return asdict(self)

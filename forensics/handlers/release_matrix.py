@@ -4,6 +4,11 @@ Each row is computed from that release's own source (``build``); the vulnerable 
 read off the rows (the releases where the decode sends a tag the prefill loop dies on),
 never from a list. Rows are cached per wheel sha256 and analysis version under the cache
 directory, so a second run over 42 releases reads JSON; ``cached=False`` recomputes.
+
+A backend whose code could not be read (or whose prefill loop was not understood) keeps
+its row, with ``understood`` False, the reason with file and line in ``unreadable`` and
+None (unknown) in every column it cannot vouch for: it never reads as handling ABORT or
+as surviving foreign frames. ``verdict`` is then "inconclusive".
 """
 
 from __future__ import annotations
@@ -16,17 +21,35 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from forensics.handlers.model import DECODE, DIES, HANDLED, PREFILL
+from forensics.exitcodes import ExitStatus
+from forensics.handlers.model import DECODE, DIES, HANDLED, INCONCLUSIVE, NOT_READ, NOT_UNDERSTOOD, PREFILL
 
-ANALYSIS_VERSION = "2"  # bump when the analysis changes what a row says
+ANALYSIS_VERSION = "3"  # bump when the analysis changes what a row says
+MAPPED = "mapped"  # the matrix's verdict when every release x backend was read and understood
 COLUMNS = [
     "release", "backend", "inherits", "decode_sends_abort", "handles_abort", "abort_fate", "abort_kills",
     "dies_on_unknown", "daemon", "wrapper", "per_message_try", "bootstrap_timeout", "frames_sent",
-    "killing_tags", "dropped_tags", "gaps",
+    "killing_tags", "dropped_tags", "gaps", "understood", "unreadable",
 ]
 
 
+def matrix_backends(handler_map) -> list[str]:
+    """Mapped backends, then those whose code is there but could not be read."""
+    names = list(handler_map.backends)
+    for entry in handler_map.unreadable:
+        if entry.backend and entry.backend not in names:
+            names.append(entry.backend)
+    return names
+
+
 def matrix_row(handler_map, backend_name: str) -> dict:
+    blind = handler_map.unreadable_for(backend_name)
+    if backend_name not in handler_map.backends:
+        row = dict.fromkeys(COLUMNS)
+        row.update(release=handler_map.version, backend=backend_name, abort_fate=NOT_READ,
+                   gaps=len([g for g in handler_map.gaps if g.file.startswith(f"{backend_name}/")]),
+                   understood=False, unreadable="; ".join(str(u) for u in blind))
+        return row
     backend = handler_map.backends[backend_name]
     prefill = backend.loops_for(PREFILL)
     to_prefill = [d for d in backend.deliveries if d.message.receiver_role == PREFILL]
@@ -36,7 +59,7 @@ def matrix_row(handler_map, backend_name: str) -> dict:
     abort_fate = aborts[0].outcome.fate if aborts else next(
         (o.fate for o in backend.abort_probe.values()), None
     )
-    return {
+    row = {
         "release": handler_map.version,
         "backend": backend_name,
         "inherits": backend.inherits,
@@ -53,7 +76,16 @@ def matrix_row(handler_map, backend_name: str) -> dict:
         "killing_tags": ", ".join(killing),
         "dropped_tags": ", ".join(dropped),
         "gaps": len([g for g in handler_map.gaps if g.file.startswith(f"{backend_name}/")]),
+        "understood": not blind,
+        "unreadable": "; ".join(str(u) for u in blind),
     }
+    if not prefill or not all(loop.understood for loop in prefill):
+        # Nothing about the prefill loop is known for sure: unknown, never "handled" or "survives".
+        row.update(handles_abort=None, abort_kills=None, dies_on_unknown=None,
+                   abort_fate=NOT_UNDERSTOOD if prefill else NOT_READ)
+    if not backend.understood:
+        row.update(killing_tags=None, dropped_tags=None)
+    return row
 
 
 def _rows_for(version: str, use_cache: bool) -> list[dict]:
@@ -68,7 +100,7 @@ def _rows_for(version: str, use_cache: bool) -> list[dict]:
         if cache_file.is_file():
             return json.loads(cache_file.read_text())
     handler_map = build(source)
-    rows = [matrix_row(handler_map, name) for name in handler_map.backends]
+    rows = [matrix_row(handler_map, name) for name in matrix_backends(handler_map)]
     if cache_file is not None:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_suffix(".tmp")
@@ -84,6 +116,19 @@ class HandlerMatrix:
     def to_frame(self):
         return self.frame
 
+    def unreadable_rows(self):
+        """Rows (release x backend) whose code could not be read or was not understood."""
+        return self.frame[~self.frame["understood"].astype(bool)]
+
+    @property
+    def verdict(self) -> str:
+        """"mapped" when every release x backend was read and understood, else "inconclusive"."""
+        return INCONCLUSIVE if len(self.unreadable_rows()) else MAPPED
+
+    @property
+    def exit_status(self) -> ExitStatus:
+        return ExitStatus.INCONCLUSIVE if self.verdict == INCONCLUSIVE else ExitStatus.GOOD
+
     def window(self, backend: str = "nixl", column: str = "abort_kills") -> list[str]:
         """Releases where ``column`` is true for ``backend`` (default: an ABORT the decode sends kills it)."""
         rows = self.frame[(self.frame["backend"] == backend) & (self.frame[column] == True)]  # noqa: E712
@@ -98,6 +143,11 @@ class HandlerMatrix:
     def to_dict(self) -> dict:
         records = self.frame.to_dict(orient="records")
         return {
+            "verdict": self.verdict,
+            "unreadable": [
+                {"release": r["release"], "backend": r["backend"], "unreadable": r["unreadable"]}
+                for r in records if not bool(r["understood"])
+            ],
             "rows": records,
             "windows": {
                 backend: {"abort_kills": self.window(backend), "killing_tags": sorted(
@@ -143,6 +193,15 @@ class HandlerMatrix:
             _, ax = plt.subplots(figsize=(max(8, 0.55 * len(labels)), max(6, 0.24 * len(releases))))
         cmap = ListedColormap(["#7cc48a", "#9ab7de", "#e06666"]).with_extremes(bad="#eeeeee")
         ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+        unread = 0
+        for b_index, backend in enumerate(chosen):
+            for r_index, release in enumerate(releases):
+                match = frame[(frame["release"] == release) & (frame["backend"] == backend)]
+                if not match.empty and not bool(match.iloc[0]["understood"]):
+                    unread += 1
+                    for p_index in range(len(properties)):
+                        ax.text(b_index * len(properties) + p_index, r_index, "?", ha="center", va="center",
+                                fontsize=7, fontweight="bold")
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
         ax.set_yticks(range(len(releases)))
@@ -153,6 +212,8 @@ class HandlerMatrix:
         title = "sglang PD receiver loops by release (red: exposed, green: safe, blue: decode sends ABORT, grey: absent)"
         if window:
             title += f"\nNIXL prefill killed by the decode's own ABORT: {window[0]} .. {window[-1]}"
+        if unread:
+            title += f"\n?: {unread} release x backend not read or not understood (see unreadable_rows())"
         ax.set_title(title, fontsize=9)
         ax.figure.tight_layout()
         return ax

@@ -2,6 +2,8 @@
 
 The gap rows (a tag one loop handles and the other does not, or any death) are
 highlighted in both; the side-by-side source shows the deciding lines of each loop.
+Both show the verdict word first and, when anything could not be read or understood,
+each such part with its file and line: a partial map never looks complete.
 """
 
 from __future__ import annotations
@@ -9,10 +11,48 @@ from __future__ import annotations
 import html
 import textwrap
 
-from forensics.handlers.model import DIES, HANDLED
+from forensics.handlers.model import CLEAN, DIES, FINDINGS, HANDLED, NOT_READ, NOT_UNDERSTOOD
 
-FATE_STYLE = {HANDLED: "green", DIES: "bold red"}
-FATE_COLOUR = {HANDLED: "#e6f4ea", DIES: "#fce8e6"}
+FATE_STYLE = {HANDLED: "green", DIES: "bold red", NOT_READ: "bold magenta", NOT_UNDERSTOOD: "bold magenta"}
+FATE_COLOUR = {HANDLED: "#e6f4ea", DIES: "#fce8e6", NOT_READ: "#eeeeee", NOT_UNDERSTOOD: "#eeeeee"}
+VERDICT_STYLE = {FINDINGS: "bold red", CLEAN: "bold green"}  # inconclusive: bold yellow
+VERDICT_COLOUR = {FINDINGS: "#d93025", CLEAN: "#188038"}  # inconclusive: #b06000
+
+
+def _verdict_text(subject: str, verdict: str, unreadable: list):
+    from rich.text import Text
+
+    text = Text(f"{subject}: {verdict}", style=VERDICT_STYLE.get(verdict, "bold yellow"))
+    if unreadable:
+        text.append(f" ({len(unreadable)} part(s) not read or not understood)", style="bold yellow")
+    return text
+
+
+def _unreadable_text(unreadable: list):
+    from rich.text import Text
+
+    text = Text()
+    if unreadable:
+        text.append("not read or not understood (nothing here is called clean):\n", style="bold yellow")
+    for entry in unreadable:
+        text.append(f"  [{entry.kind}] {entry}\n", style="yellow")
+    return text
+
+
+def _verdict_html(subject: str, verdict: str, unreadable: list) -> str:
+    colour = VERDICT_COLOUR.get(verdict, "#b06000")
+    head = f"<p><b style='color:{colour}'>{html.escape(subject)}: {html.escape(verdict)}</b>"
+    if unreadable:
+        head += f" ({len(unreadable)} part(s) not read or not understood)"
+    head += "</p>"
+    if unreadable:
+        items = "".join(
+            f"<li><code>{html.escape(u.where)}</code> [{html.escape(u.kind)}] "
+            f"{html.escape(u.backend or 'shared')}: {html.escape(u.reason)}</li>"
+            for u in unreadable
+        )
+        head += f"<div class='pd-unreadable'><b>Not read or not understood</b><ul>{items}</ul></div>"
+    return head
 
 
 def _excerpt(source: str, limit: int | None = None) -> str:
@@ -73,7 +113,8 @@ def diff_renderable(diff):
                 f"{name} {role}: daemon={protection['daemon']}, wrapper={protection['wrapper']}, "
                 f"per-message try={protection['per_message_try']}, started at {protection['started_at']}"
             )
-    return Group(table, Text("\n".join(notes), style="dim"))
+    verdict = _verdict_text(f"sglang {diff.version} {diff.a} vs {diff.b}", diff.verdict, diff.unreadable)
+    return Group(verdict, table, _unreadable_text(diff.unreadable), Text("\n".join(notes), style="dim"))
 
 
 def diff_html(diff) -> str:
@@ -82,6 +123,7 @@ def diff_html(diff) -> str:
         "<div class='pd-handler-diff'>",
         f"<h4>sglang {html.escape(diff.version)}: {html.escape(diff.a)} vs {html.escape(diff.b)} "
         "receiver loops, aligned by tag</h4>",
+        _verdict_html(f"sglang {diff.version} {diff.a} vs {diff.b}", diff.verdict, diff.unreadable),
         "<table style='border-collapse:collapse;width:100%;font-size:12px'>",
         "<tr><th style='text-align:left'>role / tag</th>"
         f"<th style='text-align:left'>{html.escape(diff.a)}</th><th style='text-align:left'>{html.escape(diff.b)}</th></tr>",
@@ -125,7 +167,8 @@ def map_renderable(handler_map):
     from rich.text import Text
 
     table = Table(title=f"sglang {handler_map.version}: receiver loops", show_lines=False)
-    for column in ("backend", "role", "loop", "dispatch (in order)", "unknown frame", "daemon", "wrapper", "try"):
+    for column in ("backend", "role", "loop", "understood", "dispatch (in order)", "unknown frame", "daemon",
+                   "wrapper", "try"):
         table.add_column(column)
     for backend in handler_map.backends.values():
         for loop in backend.loops:
@@ -135,20 +178,34 @@ def map_renderable(handler_map):
                 backend.backend + (f" (from {loop.inherited_from})" if loop.inherited_from else ""),
                 loop.role,
                 f"{loop.file}:{loop.line}",
+                Text("yes", style="green") if loop.understood else Text("NO", style="bold yellow"),
                 dispatch,
                 Text(worst.fate, style=_fate_style(worst.fate)),
                 str(loop.daemon),
                 loop.wrapper,
                 str(loop.per_message_try),
             )
+    for name in sorted({u.backend for u in handler_map.unreadable if u.backend and u.backend not in handler_map.backends}):
+        first = next(u for u in handler_map.unreadable if u.backend == name)
+        table.add_row(name, "", first.where, Text("NOT READ", style="bold magenta"), first.reason, "", "", "", "")
     findings = handler_map.findings
     lines = Text()
     for finding in findings:
         lines.append(f"[{finding.severity}] ", style="bold red" if finding.severity == "critical" else "yellow")
         lines.append(finding.summary + "\n")
-    for gap in handler_map.gaps:
+        if finding.caveat:
+            lines.append(f"    (not decisive: {finding.caveat})\n", style="yellow")
+    for gap in _gaps_not_unreadable(handler_map):
         lines.append(f"[gap] {gap}\n", style="dim")
-    return Group(table, lines)
+    verdict = _verdict_text(f"sglang {handler_map.version} ({handler_map.root})", handler_map.verdict,
+                            handler_map.unreadable)
+    return Group(verdict, table, _unreadable_text(handler_map.unreadable), lines)
+
+
+def _gaps_not_unreadable(handler_map) -> list:
+    """Gaps not already listed as unreadable (a parse error is both)."""
+    said = {(u.file, u.reason) for u in handler_map.unreadable}
+    return [g for g in handler_map.gaps if (g.file, g.reason) not in said]
 
 
 def map_html(handler_map) -> str:
@@ -157,18 +214,29 @@ def map_html(handler_map) -> str:
         for loop in backend.loops:
             worst = loop.foreign if loop.foreign.kills else loop.foreign_short
             dispatch = " &gt; ".join(html.escape("/".join(b.tags) or b.kind) for b in loop.branches)
+            understood = "yes" if loop.understood else "<b style='color:#b06000'>NO</b>"
             rows.append(
                 f"<tr><td>{html.escape(backend.backend)}</td><td>{loop.role}</td>"
-                f"<td><code>{html.escape(loop.file)}:{loop.line}</code></td><td>{dispatch}</td>"
+                f"<td><code>{html.escape(loop.file)}:{loop.line}</code></td><td>{understood}</td><td>{dispatch}</td>"
                 f"<td style='background:{FATE_COLOUR.get(worst.fate, '#fef7e0')}'>{html.escape(worst.fate)}</td>"
                 f"<td>{loop.daemon}</td><td>{html.escape(loop.wrapper)}</td><td>{loop.per_message_try}</td></tr>"
             )
+    for name in sorted({u.backend for u in handler_map.unreadable if u.backend and u.backend not in handler_map.backends}):
+        first = next(u for u in handler_map.unreadable if u.backend == name)
+        rows.append(
+            f"<tr><td>{html.escape(name)}</td><td></td><td><code>{html.escape(first.where)}</code></td>"
+            f"<td style='background:#eeeeee'><b>NOT READ</b></td><td colspan='5'>{html.escape(first.reason)}</td></tr>"
+        )
     findings = "".join(
-        f"<li><b>{html.escape(f.severity)}</b> {html.escape(f.summary)}</li>" for f in handler_map.findings
+        f"<li><b>{html.escape(f.severity)}</b> {html.escape(f.summary)}"
+        + (f" <i>(not decisive: {html.escape(f.caveat)})</i>" if f.caveat else "") + "</li>"
+        for f in handler_map.findings
     )
-    gaps = "".join(f"<li><i>gap</i> {html.escape(str(g))}</li>" for g in handler_map.gaps)
+    gaps = "".join(f"<li><i>gap</i> {html.escape(str(g))}</li>" for g in _gaps_not_unreadable(handler_map))
+    verdict = _verdict_html(f"sglang {handler_map.version} ({handler_map.root})", handler_map.verdict,
+                            handler_map.unreadable)
     return (
-        f"<h4>sglang {html.escape(handler_map.version)}: receiver loops</h4><table>"
-        "<tr><th>backend</th><th>role</th><th>loop</th><th>dispatch</th><th>unknown frame</th><th>daemon</th>"
-        f"<th>wrapper</th><th>try</th></tr>{''.join(rows)}</table><ul>{findings}{gaps}</ul>"
+        f"<h4>sglang {html.escape(handler_map.version)}: receiver loops</h4>{verdict}<table>"
+        "<tr><th>backend</th><th>role</th><th>loop</th><th>understood</th><th>dispatch</th><th>unknown frame</th>"
+        f"<th>daemon</th><th>wrapper</th><th>try</th></tr>{''.join(rows)}</table><ul>{findings}{gaps}</ul>"
     )

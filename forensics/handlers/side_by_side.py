@@ -5,14 +5,34 @@ tag either side sends (and an unknown one), what each backend's loop of the rece
 does with it, with the deciding lines of both loops next to each other. A tag only one
 backend sends is still tried on the other's loop (with the sender's frame shape), so the
 table shows what Mooncake would do with a frame NIXL dies on.
+
+A backend whose code could not be read shows "not read" in every cell, and a loop the
+analysis did not understand shows "not understood", each with the file and line: neither
+ever reads as handling what it is sent. ``verdict`` says findings, inconclusive or clean.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from forensics.exitcodes import ExitStatus
 from forensics.handlers.dispatch import foreign_shape, run_frame
-from forensics.handlers.model import DIES, HANDLED, PREFILL, ROLES, Finding, FrameShape, Outcome
+from forensics.handlers.model import (
+    CLEAN,
+    DIES,
+    FINDINGS,
+    HANDLED,
+    INCONCLUSIVE,
+    NOT_READ,
+    NOT_UNDERSTOOD,
+    PREFILL,
+    ROLES,
+    VERDICT_STATUS,
+    Finding,
+    FrameShape,
+    Outcome,
+    Unreadable,
+)
 
 NOT_SENT = "not sent"
 
@@ -72,6 +92,21 @@ class HandlerDiff:
     loops: dict[str, dict[str, str]]  # backend -> role -> "file:line function"
     protection: dict[str, dict[str, dict]]  # backend -> role -> daemon/wrapper/per-message try
     findings: list[Finding] = field(default_factory=list)
+    unreadable: list[Unreadable] = field(default_factory=list)  # of a, b and the shared files
+
+    @property
+    def verdict(self) -> str:
+        """"findings" (a finding on an understood loop of a or b), else "inconclusive" (a part of
+        either not read or not understood), else "clean"."""
+        if any(f.certain for f in self.findings):
+            return FINDINGS
+        if self.unreadable or self.findings:
+            return INCONCLUSIVE
+        return CLEAN
+
+    @property
+    def exit_status(self) -> ExitStatus:
+        return VERDICT_STATUS[self.verdict]
 
     def to_frame(self):
         import pandas as pd
@@ -93,6 +128,8 @@ class HandlerDiff:
             "version": self.version,
             "a": self.a,
             "b": self.b,
+            "verdict": self.verdict,
+            "unreadable": [u.to_dict() for u in self.unreadable],
             "loops": self.loops,
             "protection": self.protection,
             "rows": [
@@ -127,8 +164,17 @@ class HandlerDiff:
 
 
 def build_diff(handler_map, a: str, b: str, findings: list[Finding] | None = None) -> HandlerDiff:
+    """The diff of ``a`` and ``b``. A backend whose code is there but could not be read gets a
+    column of "not read" cells; one that is not in the tree at all raises KeyError."""
     index = handler_map._index
-    backends = {name: handler_map.backend(name) for name in (a, b)}
+    unread: dict[str, list[Unreadable]] = {}
+    for name in (a, b):
+        if name not in handler_map.backends:
+            blind = [u for u in handler_map.unreadable if u.backend == name]
+            if not blind:
+                handler_map.backend(name)  # raises KeyError: no such backend in this tree
+            unread[name] = blind
+    backends = {name: handler_map.backends[name] for name in (a, b) if name not in unread}
     rows: list[DiffRow] = []
     for role in ROLES:
         shapes: dict[str, FrameShape] = {}
@@ -142,7 +188,7 @@ def build_diff(handler_map, a: str, b: str, findings: list[Finding] | None = Non
                 label = f"{name}: {message.function.split('.')[-1]}"
                 if label not in senders[message.tag]:
                     senders[message.tag].append(label)
-        if not any(backend.loops_for(role) for backend in backends.values()):
+        if not any(backend.loops_for(role) for backend in backends.values()) and not unread:
             continue
         # Tags a loop has a case for but nobody here was seen sending (staging, newer peers): tried too.
         for backend in backends.values():
@@ -156,8 +202,11 @@ def build_diff(handler_map, a: str, b: str, findings: list[Finding] | None = Non
         tags = sorted(shapes, key=lambda t: (t.startswith("<"), t))
         for tag in [*tags, "<unknown tag>"]:
             cells = {}
-            for name, backend in backends.items():
-                cells[name] = _cell(index, backend, role, tag, shapes.get(tag))
+            for name in (a, b):
+                if name in unread:
+                    cells[name] = _not_read_cell(name, unread[name])
+                else:
+                    cells[name] = _cell(index, backends[name], role, tag, shapes.get(tag))
             rows.append(DiffRow(role, tag, senders.get(tag, ["(nobody: a foreign or newer frame)"]), cells))
     loops = {
         name: {loop.role: f"{loop.file}:{loop.line} {loop.function}" for loop in backend.loops}
@@ -173,7 +222,14 @@ def build_diff(handler_map, a: str, b: str, findings: list[Finding] | None = Non
     }
     chosen = findings if findings is not None else handler_map.findings
     relevant = [f for f in chosen if f.backend in (a, b)]
-    return HandlerDiff(handler_map.version, a, b, rows, loops, protection, relevant)
+    blind = [u for u in handler_map.unreadable if u.backend in (a, b, None)]
+    return HandlerDiff(handler_map.version, a, b, rows, loops, protection, relevant, blind)
+
+
+def _not_read_cell(name: str, unreadable: list[Unreadable]) -> DiffCell:
+    first = unreadable[0]
+    return DiffCell(backend=name, fate=NOT_READ, detail=f"{first.where}: {first.reason}", summary="", source="",
+                    location=first.where, sent=True)
 
 
 def _probe_shape(tag: str) -> FrameShape:
@@ -185,6 +241,10 @@ def _probe_shape(tag: str) -> FrameShape:
 
 def _cell(index, backend, role: str, tag: str, shape: FrameShape | None) -> DiffCell:
     loops = backend.loops_for(role)
+    if not loops and role == PREFILL:
+        # Every backend's prefill runs a bootstrap loop: not finding it is the analysis's blind spot.
+        return DiffCell(backend.backend, NOT_READ, f"no {role} receiver loop of {backend.backend} was recognised",
+                        "", "", "", True)
     if not loops:
         return DiffCell(backend.backend, "no reader", f"{backend.backend} runs no {role} loop", "", "", "", False)
     loop = loops[0]
@@ -197,6 +257,20 @@ def _cell(index, backend, role: str, tag: str, shape: FrameShape | None) -> Diff
         probe = shape if shape is not None else foreign_shape(4)
         outcome = run_frame(index, code, probe)
         sent = tag == "<unknown tag>"
+    if not loop.understood:
+        # What the analysis would say is a guess here: name what it could not interpret instead.
+        first = loop.not_understood[0]
+        more = f" (and {len(loop.not_understood) - 1} more)" if len(loop.not_understood) > 1 else ""
+        return DiffCell(
+            backend=backend.backend,
+            fate=NOT_UNDERSTOOD,
+            detail=f"{first.where}: {first.reason}{more}",
+            summary="",
+            source=outcome.source,
+            location=first.where,
+            sent=sent if tag != "<unknown tag>" else True,
+            conditional=outcome.conditional,
+        )
     return DiffCell(
         backend=backend.backend,
         fate=outcome.fate,

@@ -4,8 +4,9 @@ Everything the handler map needs to look up by name lives here: which file defin
 class, its bases (for inheritance: ascend's manager is a Mooncake manager), a method
 found through that inheritance, the value of a tag constant (``GUARD``, ``ABORT_TAG``,
 ``MooncakeKVManager.AUX_DATA_HEADER``) wherever it was defined or imported from, and
-the function that encloses any node. Files that do not parse are recorded as gaps,
-never silently skipped.
+the function that encloses any node. Files that do not parse (or cannot be read) are
+recorded as gaps and as :class:`~forensics.handlers.model.Unreadable` entries with their
+line, never silently skipped.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forensics.handlers.model import Gap
+from forensics.handlers.model import UNPARSEABLE, UNREADABLE_FILE, Gap, Unreadable
 
 SHARED_DIRS = ("common", "base")
 PACKAGE = "sglang.srt.disaggregation"
@@ -81,6 +82,7 @@ class SourceIndex:
         self.target_refs: dict[str, list[tuple[ast.Call, ParsedFile]]] = {}
         self._class_of: dict[int, ClassInfo | None] = {}
         self.gaps: list[Gap] = []
+        self.unreadable: list[Unreadable] = []  # files that could not be read or parsed, with the line
 
     # ------------------------------------------------------------------ loading
 
@@ -98,18 +100,39 @@ class SourceIndex:
             index._add(path)
         return index
 
+    def _unreadable(self, relpath: str, path: Path, looked_for: str, reason: str, line: int | None,
+                    kind: str) -> None:
+        self.gaps.append(Gap(relpath, looked_for, reason))
+        directory = relpath.split("/")[0]
+        backend = None if directory in SHARED_DIRS else directory
+        self.unreadable.append(Unreadable(relpath, line, backend, reason, kind, str(path)))
+
     def _add(self, path: Path) -> None:
         relpath = str(path.relative_to(self.root))
         try:
-            text = path.read_text(encoding="utf-8")
-            tree = ast.parse(text, filename=str(path))
-        except SyntaxError as exc:
-            self.gaps.append(
-                Gap(relpath, "a parseable Python module", f"does not parse: {exc.msg} at line {exc.lineno}")
-            )
+            data = path.read_bytes()
+        except OSError as exc:
+            self._unreadable(relpath, path, "a readable Python module",
+                             f"cannot be read: {exc.strerror or exc}", None, UNREADABLE_FILE)
             return
-        except (OSError, UnicodeDecodeError) as exc:
-            self.gaps.append(Gap(relpath, "a readable Python module", f"cannot be read: {exc}"))
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data[: exc.start].count(b"\n") + 1
+            self._unreadable(relpath, path, "a readable Python module",
+                             f"cannot be read: not UTF-8 ({exc.reason}) at line {line}", line, UNREADABLE_FILE)
+            return
+        try:
+            tree = ast.parse(text, filename=str(path))
+        except SyntaxError as exc:  # IndentationError and TabError too
+            line = exc.lineno or 1
+            self._unreadable(relpath, path, "a parseable Python module",
+                             f"does not parse: {exc.msg} at line {line}", line, UNPARSEABLE)
+            return
+        except (ValueError, RecursionError, MemoryError) as exc:  # null bytes, nesting too deep for the parser
+            line = text[: text.index("\0")].count("\n") + 1 if "\0" in text else 1
+            self._unreadable(relpath, path, "a parseable Python module",
+                             f"does not parse: {type(exc).__name__}: {exc} at line {line}", line, UNPARSEABLE)
             return
         parsed = ParsedFile(relpath, path, text, tree, text.splitlines())
         for parent in ast.walk(tree):

@@ -23,19 +23,24 @@ from forensics.handlers.dispatch import (
     Const,
     Interpreter,
     LoopCode,
+    Opaque,
     State,
     extract_branches,
     foreign_shape,
     run_frame,
+    structural_problems,
 )
 from forensics.handlers.model import (
     DECODE,
+    NOT_INTERPRETED,
     PREFILL,
+    ROLE_UNKNOWN,
     Element,
     FrameShape,
     Gap,
     ReceiverLoop,
     SentMessage,
+    Unreadable,
 )
 from forensics.handlers.source_index import ClassInfo, ParsedFile, SourceIndex
 
@@ -340,9 +345,21 @@ def loops_for_backend(
     return chosen
 
 
+def not_understood(index: SourceIndex, opaque: list[Opaque], backend: str) -> list[Unreadable]:
+    """What the interpreter could not interpret, as the backend's :class:`Unreadable` entries."""
+    return [
+        Unreadable(o.file, o.line, backend, o.reason, NOT_INTERPRETED, str(index.root / o.file)) for o in opaque
+    ]
+
+
 def evaluate_loop(index: SourceIndex, loop: FoundLoop, backend: str, classes: BackendClasses,
                   inherited: str | None) -> tuple[ReceiverLoop, LoopCode]:
-    """The loop as this backend runs it: ``self`` is the backend's own manager class."""
+    """The loop as this backend runs it: ``self`` is the backend's own manager class.
+
+    ``not_understood`` on the result lists what the interpreter met in the loop (as written,
+    and on the way of the two foreign probes) and could not interpret, and a role it could not
+    tell; the caller adds what the delivered messages met.
+    """
     code = LoopCode(
         function=loop.code.function,
         loop=loop.code.loop,
@@ -360,6 +377,7 @@ def evaluate_loop(index: SourceIndex, loop: FoundLoop, backend: str, classes: Ba
         for s in code.loop.body
     )
     parsed = code.parsed
+    opaque = structural_problems(code)
     receiver = ReceiverLoop(
         backend=inherited or backend,
         role=loop.role or "unknown",
@@ -368,8 +386,8 @@ def evaluate_loop(index: SourceIndex, loop: FoundLoop, backend: str, classes: Ba
         line=function.lineno,
         end_line=function.end_lineno or function.lineno,
         branches=extract_branches(index, code),
-        foreign=run_frame(index, code, foreign_shape(4)),
-        foreign_short=run_frame(index, code, foreign_shape(1)),
+        foreign=run_frame(index, code, foreign_shape(4), opaque),
+        foreign_short=run_frame(index, code, foreign_shape(1), opaque),
         per_message_try=per_message_try,
         wrapper=loop.wrapper,
         daemon=loop.daemon,
@@ -379,6 +397,14 @@ def evaluate_loop(index: SourceIndex, loop: FoundLoop, backend: str, classes: Ba
         inherited_from=inherited,
         recv_helper=code.recv_helper.name if code.recv_helper is not None else None,
     )
+    if loop.role is None:
+        receiver.not_understood.append(
+            Unreadable(parsed.relpath, function.lineno, backend,
+                       f"could not tell which role (prefill or decode) runs {function.name}: no "
+                       "DisaggregationMode test around its starter and no role in its name", ROLE_UNKNOWN,
+                       str(index.root / parsed.relpath))
+        )
+    receiver.not_understood.extend(not_understood(index, opaque, backend))
     return receiver, code
 
 
