@@ -2,6 +2,12 @@
 
 Signatures are data: adding one is a TOML entry, not a code path. Each has a literal
 that every matching line contains, used as a cheap prefilter before its regex runs.
+
+Each entry also says where its lines come from: ``origin`` (sglang, uvicorn, cpython or
+patched_engine) and, for sglang, the ``releases`` that emit it (a PEP 440 specifier) and
+the source files that hold its format string (``emitted_in``; ``reason_in`` for the text
+its ``reason`` constraint matches). ``tests/test_logs_catalogue_sources.py`` checks these
+against the released sources.
 """
 
 from __future__ import annotations
@@ -12,9 +18,15 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
+
 SEVERITIES = ("critical", "error", "warning", "info", "debug")
 STEPS = ("trigger", "abort_sent", "thread_death", "stall", "fallout", "probe", "context")
 CAPTURED = ("room", "rid", "rank", "reason", "thread", "target", "peer", "addr")
+# Who writes the line: sglang's own code, uvicorn's access log, CPython's default thread
+# excepthook, or this project's patched engine (patched_engine/snippets.py).
+ORIGINS = ("sglang", "uvicorn", "cpython", "patched_engine")
 
 
 @dataclass(frozen=True)
@@ -27,10 +39,24 @@ class Signature:
     meaning: str
     reason: str | None = None
     aggregate: bool = False  # counted per minute in the access frame, never one event per line
+    origin: str = ""  # one of ORIGINS; required in the catalogue
+    releases: str | None = None  # sglang only: PEP 440 specifier of the releases that emit it ("" = all)
+    emitted_in: tuple[str, ...] = ()  # sglang only: files (sglang/srt/...) holding the format string
+    reason_in: tuple[str, ...] = ()  # sglang only: files holding the text ``reason`` matches
 
     @property
     def regex(self) -> re.Pattern[str]:
         return _compile(self.pattern)
+
+    @property
+    def release_range(self) -> SpecifierSet | None:
+        """``releases`` parsed; None for entries that do not come from sglang."""
+        return SpecifierSet(self.releases) if self.releases is not None else None
+
+    def emitted_by(self, version: str | Version) -> bool:
+        """Whether sglang ``version`` can write this line (False for non-sglang origins)."""
+        spec = self.release_range
+        return spec is not None and spec.contains(Version(str(version)), prereleases=True)
 
     @property
     def reason_regex(self) -> re.Pattern[str] | None:
@@ -62,27 +88,80 @@ class CatalogueError(ValueError):
 def signatures() -> tuple[Signature, ...]:
     """Every signature, in matching order."""
     text = resources.files("forensics.logs").joinpath("signatures.toml").read_text(encoding="utf-8")
-    entries = tomllib.loads(text)["signature"]
+    return load(text)
+
+
+def load(text: str, where: str = "signatures.toml") -> tuple[Signature, ...]:
+    """Parse and validate catalogue TOML; a bad entry is a CatalogueError naming it."""
+    try:
+        entries = tomllib.loads(text)["signature"]
+    except (tomllib.TOMLDecodeError, KeyError) as exc:
+        raise CatalogueError(f"{where}: not a catalogue ({exc})") from exc
     result = []
     seen = set()
     for index, entry in enumerate(entries):
+        name = entry.get("id", f"entry {index + 1}")
+        fields = dict(entry)
+        for key in ("emitted_in", "reason_in"):
+            if key in fields:
+                fields[key] = _paths(fields[key], f"{where} {name}: {key}")
         try:
-            signature = Signature(**entry)
+            signature = Signature(**fields)
         except TypeError as exc:
-            raise CatalogueError(f"signatures.toml entry {index + 1}: {exc}") from exc
+            raise CatalogueError(f"{where} {name}: {exc}") from exc
         if signature.id in seen:
-            raise CatalogueError(f"signatures.toml: duplicate id {signature.id!r}")
+            raise CatalogueError(f"{where}: duplicate id {signature.id!r}")
         if signature.severity not in SEVERITIES:
-            raise CatalogueError(f"signatures.toml {signature.id}: unknown severity {signature.severity!r}")
+            raise CatalogueError(f"{where} {signature.id}: unknown severity {signature.severity!r}")
         if signature.step not in STEPS:
-            raise CatalogueError(f"signatures.toml {signature.id}: unknown kill-chain step {signature.step!r}")
+            raise CatalogueError(f"{where} {signature.id}: unknown kill-chain step {signature.step!r}")
         try:
             _ = signature.regex, signature.reason_regex  # compile now: a bad pattern fails at load
         except re.error as exc:
-            raise CatalogueError(f"signatures.toml {signature.id}: bad pattern: {exc}") from exc
+            raise CatalogueError(f"{where} {signature.id}: bad pattern: {exc}") from exc
+        _check_origin(signature, where)
         seen.add(signature.id)
         result.append(signature)
     return tuple(result)
+
+
+def _paths(value: object, what: str) -> tuple[str, ...]:
+    paths = (value,) if isinstance(value, str) else value
+    if not isinstance(paths, list | tuple) or not paths or not all(isinstance(p, str) and p for p in paths):
+        raise CatalogueError(f"{what}: expected a path or a non-empty list of paths, got {value!r}")
+    for path in paths:
+        if not path.startswith("sglang/srt/") or not path.endswith(".py") or ".." in path.split("/"):
+            raise CatalogueError(f"{what}: {path!r} is not a sglang/srt/**.py path")
+    return tuple(paths)
+
+
+def _check_origin(signature: Signature, where: str) -> None:
+    name = f"{where} {signature.id}"
+    if not signature.origin:
+        raise CatalogueError(f"{name}: missing origin (one of {', '.join(ORIGINS)})")
+    if signature.origin not in ORIGINS:
+        raise CatalogueError(f"{name}: unknown origin {signature.origin!r} (one of {', '.join(ORIGINS)})")
+    if signature.origin != "sglang":
+        for key in ("releases", "emitted_in", "reason_in"):
+            if getattr(signature, key):
+                raise CatalogueError(f"{name}: {key} is for sglang entries only (origin is {signature.origin})")
+        return
+    if signature.releases is None:
+        raise CatalogueError(f"{name}: an sglang entry needs releases (a PEP 440 specifier, e.g. \">=0.5.13\")")
+    if not isinstance(signature.releases, str):
+        raise CatalogueError(f"{name}: releases must be a string, got {signature.releases!r}")
+    try:
+        spec = SpecifierSet(signature.releases)
+    except InvalidSpecifier as exc:
+        raise CatalogueError(f"{name}: invalid releases {signature.releases!r}: {exc}") from exc
+    if any(clause.operator == "===" for clause in spec):
+        raise CatalogueError(f"{name}: invalid releases {signature.releases!r}: '===' names no release range")
+    if not signature.emitted_in:
+        raise CatalogueError(f"{name}: an sglang entry needs emitted_in (the file(s) holding its format string)")
+    if signature.reason and not signature.reason_in:
+        raise CatalogueError(f"{name}: a reason constraint needs reason_in (the file(s) holding that text)")
+    if signature.reason_in and not signature.reason:
+        raise CatalogueError(f"{name}: reason_in given without a reason constraint")
 
 
 def by_id() -> dict[str, Signature]:
