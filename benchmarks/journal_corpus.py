@@ -8,11 +8,21 @@ timeouts) sit at known places. Every signature line written is tallied, so the
 manifest written beside the journal (``<path>.manifest.json``) says exactly what a
 reader must find.
 
+``--profile storm`` (or any ``--event-share``) writes the shape of a log during an abort
+storm instead: besides the same steady mix, a share of the lines (3% for ``storm``) are
+incident events spread through the whole file: decode transfer timeouts
+(``... timed out after 300.4s in KVPoll.WaitingForInput``) each followed by its ABORT
+send, client aborts (``Abort transfer queue request``, ``Decode transfer failed ...
+Aborted by AbortReq.``, ABORT send), prealloc aborts (``Decode handshake failed``) and
+prefill bootstrap timeouts. Their rooms are random over [0, 2**63), as sglang's
+routers draw them, so the benchmark also proves rooms stay exact.
+
 Line texts come from the builders in ``forensics.logs.incident``; to write a gigabyte
 in seconds each builder is called once with marker values and turned into a ``%``
 template (``Templates``), which the tests check against the builder itself.
 
     python -m benchmarks.journal_corpus --size 1G [--out PATH] [--seed N] [--incidents N]
+    python -m benchmarks.journal_corpus --profile storm --size 300M     # benchmarks/data/journal-storm-300m.log
 """
 
 from __future__ import annotations
@@ -32,6 +42,10 @@ from forensics.logs import incident
 RELEASE = "0.5.15"
 HOST = "pd-node-1"
 DEFAULT_PATH = Path(__file__).parent / "data" / "journal-1g.log"
+STORM_PATH = Path(__file__).parent / "data" / "journal-storm-300m.log"
+# Profiles: the share of lines that are storm events (on top of the three incidents).
+PROFILES = {"steady": 0.0, "storm": 0.03}
+DEFAULT_SIZES = {"steady": "1G", "storm": "300M"}
 START = datetime(2025, 7, 1, 0, 0, 0, tzinfo=UTC)
 LINES_PER_SECOND = 400  # a busy pair of engines with DEBUG logging on
 BLOCK_LINES = 20_000  # lines joined and written at once
@@ -59,10 +73,21 @@ GROUPS = {
     "debug_multipart": "DEBUG lines", "debug_got_info": "DEBUG lines", "debug_abort_queued": "DEBUG lines",
     "info_receive": "other INFO lines", "info_finish": "other INFO lines", "client_disconnected": "other INFO lines",
     "incident": "incident lines",
+    "storm_timeout": "incident lines", "storm_abort": "incident lines", "storm_handshake_abort": "incident lines",
+    "storm_bootstrap_timeout": "incident lines",
 }
 # The catalogue signature each steady kind is, if any.
 STEADY_SIGNATURE = {"debug_abort_queued": "scheduler_abort_request", "client_disconnected": "client_disconnected"}
 TIMEOUTS_PER_INCIDENT = 20
+# Storm event groups: (kind, weight); each kind writes a fixed number of lines (STORM_LINES).
+STORM_MIX: tuple[tuple[str, float], ...] = (
+    ("storm_timeout", 0.55),  # decode waiting timeout + ABORT send
+    ("storm_abort", 0.15),  # client abort in the transfer queue: DEBUG abort, transfer failed, ABORT send
+    ("storm_handshake_abort", 0.05),  # abort in the prealloc queue: DEBUG abort, handshake failed, ABORT send
+    ("storm_bootstrap_timeout", 0.25),  # prefill request never got its transfer info
+)
+STORM_LINES = {"storm_timeout": 2, "storm_abort": 3, "storm_handshake_abort": 3, "storm_bootstrap_timeout": 1}
+ROOM_BITS = 63  # sglang's mini_lb and Rust router draw rooms from [0, 2**63)
 
 
 PREFILL_FIELDS = ("new_seq", "new_token", "running", "queue", "bootstrap", "inflight", "throughput")
@@ -143,6 +168,7 @@ class Manifest:
     incident_lines: list[int] = field(default_factory=list)  # 1-based line of each thread-death header
     trigger_rooms: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    event_share: float = 0.0  # share of lines written as storm events (0: the steady profile)
 
     def mix_percent(self) -> dict[str, float]:
         total = sum(self.kinds.values()) or 1
@@ -162,6 +188,7 @@ class Manifest:
             "group_percent": self.group_percent(),
             "signatures": dict(self.signatures), "incident_lines": self.incident_lines,
             "trigger_rooms": self.trigger_rooms, "seconds": round(self.seconds, 2),
+            "event_share": self.event_share,
         }
 
     @classmethod
@@ -170,7 +197,12 @@ class Manifest:
         return cls(path=data["path"], bytes=data["bytes"], lines=data["lines"], seed=data["seed"],
                    release=data["release"], kinds=Counter(data["kinds"]), signatures=Counter(data["signatures"]),
                    incident_lines=data["incident_lines"], trigger_rooms=data["trigger_rooms"],
-                   seconds=data["seconds"])
+                   seconds=data["seconds"], event_share=data.get("event_share", 0.0))
+
+    @property
+    def event_lines(self) -> int:
+        """Lines that are one event each in ``scan()`` (every tallied signature line)."""
+        return sum(self.signatures.values())
 
 
 def manifest_path(journal: Path) -> Path:
@@ -313,13 +345,60 @@ def _timeout(writer: _Writer, rng: random.Random, state: dict, manifest: Manifes
     state["timeouts_due"] -= 1
 
 
-def generate(path: Path, size: int, *, seed: int = 7, incidents: int = 3) -> Manifest:
-    """Write about ``size`` bytes of journal to ``path`` (whole lines) and its manifest beside it."""
+def _storm_event(writer: _Writer, kind: str, rng: random.Random, manifest: Manifest) -> None:
+    """One storm event group (see ``STORM_MIX``); rooms random over [0, 2**63)."""
+    tally = manifest.signatures
+    room = rng.getrandbits(ROOM_BITS)
+    rid = f"{rng.getrandbits(64):016x}"
+    if kind == "storm_timeout":
+        writer.add("decode", f"Decode transfer failed for request rank=0 decode_req.req.rid='{rid}' "
+                             f"decode_req.req.bootstrap_room={room} with exception KVTransferError(bootstrap_room="
+                             f"{room}): Request {room} timed out after {300 + rng.random():.1f}s in "
+                             f"KVPoll.WaitingForInput")
+        writer.add("decode", f"Sent abort notification for room {room} to 10.0.0.1:43117")
+        tally["decode_transfer_timeout"] += 1
+        tally["abort_sent"] += 1
+    elif kind in ("storm_abort", "storm_handshake_abort"):
+        queue, what, signature = (("transfer", "transfer", "decode_transfer_aborted") if kind == "storm_abort"
+                                  else ("prealloc", "handshake", "decode_handshake_aborted"))
+        writer.add("decode", f"Abort {queue} queue request. decode_req.req.rid='{rid}'")
+        writer.add("decode", f"Decode {what} failed for request rank=0 decode_req.req.rid='{rid}' "
+                             f"decode_req.req.bootstrap_room={room} with exception "
+                             f"KVTransferError(bootstrap_room={room}): Aborted by AbortReq.")
+        writer.add("decode", f"Sent abort notification for room {room} to 10.0.0.1:43117")
+        tally["scheduler_abort_request"] += 1
+        tally[signature] += 1
+        tally["abort_sent"] += 1
+    elif kind == "storm_bootstrap_timeout":
+        writer.add("prefill", f"Prefill bootstrap failed for request rank=0 req.rid='{rid}' "
+                              f"req.bootstrap_room={room} with exception KVTransferError(bootstrap_room={room}): "
+                              f"Request {room} timed out after {30 + rng.random():.1f}s in KVPoll.Bootstrapping")
+        tally["prefill_bootstrap_timeout"] += 1
+    else:
+        raise ValueError(f"unknown storm event kind {kind!r}")
+    manifest.kinds[kind] += STORM_LINES[kind]
+
+
+def generate(path: Path, size: int, *, seed: int = 7, incidents: int = 3, event_share: float = 0.0) -> Manifest:
+    """Write about ``size`` bytes of journal to ``path`` (whole lines) and its manifest beside it.
+
+    ``event_share`` > 0 mixes storm events (``STORM_MIX``) into the steady lines so that
+    about that share of all lines are storm event lines.
+    """
+    if not 0.0 <= event_share < 0.5:
+        raise ValueError(f"event_share {event_share} is outside [0, 0.5)")
     started = time.perf_counter()
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
+    # Storm draws come from their own generator: the steady lines stay those of the same seed.
+    storm_rng = random.Random(seed ^ 0x5707_3A11)
+    storm_kinds = [kind for kind, _ in STORM_MIX]
+    storm_weights = [weight for _, weight in STORM_MIX]
+    # Storm lines per steady line, so that storm lines / all lines == event_share.
+    storm_rate = event_share / (1.0 - event_share)
+    storm_credit = 0.0
     templates = Templates()
-    manifest = Manifest(path=str(path), seed=seed)
+    manifest = Manifest(path=str(path), seed=seed, event_share=event_share)
     kinds = [kind for kind, _ in MIX]
     weights = [share for _, share in MIX]
     # An incident starts when the written bytes pass each of these marks.
@@ -342,6 +421,12 @@ def generate(path: Path, size: int, *, seed: int = 7, incidents: int = 3) -> Man
                 line_index += 1
                 if state["timeouts_due"] and line_index % 97 == 0:
                     _timeout(writer, rng, state, manifest)
+                if storm_rate:
+                    storm_credit += storm_rate
+                    while storm_credit >= 1.0:
+                        storm = storm_rng.choices(storm_kinds, storm_weights)[0]
+                        _storm_event(writer, storm, storm_rng, manifest)
+                        storm_credit -= STORM_LINES[storm]
             # Incidents go at block boundaries once the bytes pass their mark.
             while marks and manifest.bytes + sum(map(len, writer.lines)) >= marks[0]:
                 marks.pop(0)
@@ -363,26 +448,46 @@ def generate(path: Path, size: int, *, seed: int = 7, incidents: int = 3) -> Man
     return manifest
 
 
-def ensure(path: Path, size: int, *, seed: int = 7, incidents: int = 3) -> Manifest:
-    """The journal at ``path`` if one of this size and seed is there already, else a new one."""
+def ensure(path: Path, size: int, *, seed: int = 7, incidents: int = 3, event_share: float = 0.0) -> Manifest:
+    """The journal at ``path`` if one of this size, seed and profile is there already, else a new one."""
     try:
         manifest = Manifest.load(path)
         if manifest.seed == seed and manifest.bytes >= size and path.stat().st_size == manifest.bytes \
-                and len(manifest.incident_lines) == incidents and manifest.bytes - size < (1 << 20):
+                and len(manifest.incident_lines) == incidents and manifest.bytes - size < (1 << 20) \
+                and manifest.event_share == event_share:
             return manifest
     except (OSError, ValueError, KeyError):
         pass
-    return generate(path, size, seed=seed, incidents=incidents)
+    return generate(path, size, seed=seed, incidents=incidents, event_share=event_share)
+
+
+def default_path(profile: str, size: str | None = None) -> Path:
+    """Where a corpus of this profile and size lives by default (benchmarks/data/, git-ignored)."""
+    size = (size or DEFAULT_SIZES[profile]).lower()
+    if profile == "steady":
+        return DEFAULT_PATH.with_name(f"journal-{size}.log")
+    return STORM_PATH.with_name(f"journal-{profile}-{size}.log")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.journal_corpus", description=__doc__.split("\n")[0])
-    parser.add_argument("--size", default="1G", help="bytes to write: 1G, 100M, ... (default 1G)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_PATH, help=f"journal path (default {DEFAULT_PATH})")
+    parser.add_argument("--size", default=None, help="bytes to write: 1G, 100M, ... (default 1G; 300M for storm)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"journal path (default {DEFAULT_PATH}; {STORM_PATH} for --profile storm)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--incidents", type=int, default=3)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="steady",
+                        help="steady (rare incidents) or storm (about 3%% of lines are incident events)")
+    parser.add_argument("--event-share", type=float, default=None,
+                        help="share of lines written as storm events (overrides the profile's)")
     args = parser.parse_args(argv)
-    manifest = generate(args.out, parse_size(args.size), seed=args.seed, incidents=args.incidents)
+    size = args.size or DEFAULT_SIZES[args.profile]
+    share = PROFILES[args.profile] if args.event_share is None else args.event_share
+    out = args.out or default_path(args.profile, size)
+    if args.out is None and share != PROFILES[args.profile]:
+        out = out.with_name(f"journal-share{share:g}-{size.lower()}.log")  # never over a profile's default corpus
+    args.out = out
+    manifest = generate(out, parse_size(size), seed=args.seed, incidents=args.incidents, event_share=share)
     print(f"wrote {manifest.bytes / 1e6:.1f} MB, {manifest.lines} lines to {args.out} in {manifest.seconds:.1f} s",
           file=sys.stderr)
     print(json.dumps(manifest.to_json(), indent=1))

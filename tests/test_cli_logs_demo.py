@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
 from forensics.logs import incident as gen
 
 
-def run_cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "forensics", *args], capture_output=True, text=True, timeout=timeout)
+def run_cli(*args, timeout=300, env=None):
+    return subprocess.run([sys.executable, "-m", "forensics", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -27,20 +31,36 @@ def test_logs_json_is_one_document_and_exit_1_on_a_thread_death(incident_logs, t
     done = run_cli("logs", str(paths["prefill"]), str(paths["decode"]), "--json", "--csv", str(csv))
     assert done.returncode == 1, done.stderr
     document = json.loads(done.stdout)
-    assert document["status"] == "findings"
-    assert document["summary"]["facts"]["trigger"]["room"] == incident.trigger_room
+    assert document["status"] == "findings" and document["exit"] == 1
+    classes = {f["class"]: f for f in document["verdict"]["findings"]}
+    assert classes["thread_death"]["severity"] == "critical"
+    assert classes["request_timeouts"]["count"] == len(incident.timeout_rooms) + 1  # + the one-time hint
+    assert document["summary"]["facts"]["trigger"]["room"] == str(incident.trigger_room)
     assert document["event_counts"]["thread_death"] == 1
-    assert any(e["signature"] == "decode_transfer_aborted" and e["room"] == incident.trigger_room
+    assert any(e["signature"] == "decode_transfer_aborted" and e["room"] == str(incident.trigger_room)
                for e in document["events"])
-    assert "decode_transfer_aborted" in csv.read_text()
+    frame = pd.read_csv(csv, dtype={"room": "UInt64"})
+    aborted = frame.loc[frame["signature"] == "decode_transfer_aborted", "room"]
+    assert [int(room) for room in aborted] == [incident.trigger_room]
 
 
 def test_logs_human_output_and_role_filter(incident_logs):
     incident, paths = incident_logs
-    done = run_cli("logs", str(paths["decode"]), "--role", "decode", "--since", "2025-07-01 12:00:00")
-    assert done.returncode == 0, done.stderr  # the decode alone shows failures, no thread death
+    done = run_cli("logs", str(paths["decode"]), "--role", "decode", "--since", "2025-07-01 12:00:00",
+                   env={"COLUMNS": "200"})
+    # The decode alone has no thread death, but its transfer timeouts are findings (exit 1).
+    assert done.returncode == 1, done.stderr
     assert "Log summary" in done.stdout and "Events (" in done.stdout
+    assert "request_timeouts" in done.stdout and "Verdict: FINDINGS" in done.stdout
     assert str(incident.trigger_room) in done.stdout
+
+
+def test_role_option_labels_every_source(incident_logs):
+    _, paths = incident_logs
+    done = run_cli("logs", str(paths["prefill"]), str(paths["decode"]), "--role", "decode", "--json", "--all")
+    document = json.loads(done.stdout)
+    assert {e["role"] for e in document["events"]} == {"decode"}
+    assert {s["role"] for s in document["sources"]} == {"decode"}
 
 
 def test_logs_exit_4_when_nothing_is_readable(tmp_path):
@@ -51,9 +71,12 @@ def test_logs_exit_4_when_nothing_is_readable(tmp_path):
 
 def test_logs_exit_3_when_a_source_could_not_be_read(incident_logs, tmp_path):
     _, paths = incident_logs
-    done = run_cli("logs", str(paths["decode"]), str(tmp_path / "missing.log"), "--json")
-    assert done.returncode == 3
-    assert json.loads(done.stdout)["status"] == "inconclusive"
+    done = run_cli("logs", str(paths["decode"]), str(tmp_path / "missing.log"), "--json", "--until",
+                   "2025-07-01 12:00:05")
+    assert done.returncode == 3, done.stdout
+    document = json.loads(done.stdout)
+    assert document["status"] == "inconclusive" and document["exit"] == 3
+    assert any("missing.log" in reason for reason in document["verdict"]["reasons"])
 
 
 def test_logs_bad_time_zone_is_a_usage_error(incident_logs):
@@ -74,4 +97,12 @@ def test_demo_tells_the_story_on_the_twin(tmp_path):
     assert "Foreign traffic?" in steps[("vulnerable", "forensics logs")]["detail"]
     assert steps[("vulnerable", "/health")]["detail"] == "prefill 200, decode 200, router 200"
     assert steps[("patched", "a new request after the kill")]["ok"]
+    assert re.search(r"no thread death; [1-9]\d* ABORT handled", steps[("patched", "forensics logs")]["detail"])
     assert document["ok"] is True and done.returncode == 0
+    assert document["status"] == "pass" and document["exit"] == 0
+    # The twin draws 63-bit rooms; the likely trigger must name one its own decode log holds.
+    trigger = [s for s in document["log_summary"] if s.startswith("Likely trigger")]
+    assert trigger, document["log_summary"]
+    room = re.search(r"for room (\d+) ", trigger[0]).group(1)
+    decode_log = (tmp_path / "vulnerable").rglob("decode*.log")
+    assert any(f"bootstrap_room={room} " in path.read_text() for path in decode_log), room

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import re
+import platform
 import shutil
 import subprocess
 from collections import Counter
@@ -68,7 +68,8 @@ def test_counts_equal_scan_events(story, logs, fmt):
     assert sum(counts.values()) == 5 + 2 * len(story.timeout_rooms) + 1
 
 
-@pytest.mark.skipif(hyperscan is None, reason="hyperscan not installed")
+# Hyperscan is a declared dependency on x86_64 (the analysis extra): only other machines may lack it.
+@pytest.mark.skipif(platform.machine() != "x86_64" and hyperscan is None, reason="hyperscan has no build here")
 @pytest.mark.parametrize("fmt", ["short-iso", "json"])
 def test_prefilter_engines_agree(logs, fmt):
     assert count_signatures(logs[fmt], engine=HYPERSCAN) == count_signatures(logs[fmt], engine=BYTES_FIND)
@@ -234,7 +235,7 @@ def test_parse_size():
     assert journal_corpus.parse_size("100M") == 100 << 20
     assert journal_corpus.parse_size("64kb") == 64 << 10
     assert journal_corpus.parse_size("1234") == 1234
-    assert re.fullmatch(r"\d+", str(journal_corpus.parse_size("1.5M")))
+    assert journal_corpus.parse_size("1.5M") == 1572864
 
 
 # ------------------------------------------------------------------ the benchmark itself

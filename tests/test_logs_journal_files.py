@@ -54,12 +54,18 @@ def test_directory_of_journal_files(journal_file):
     # the export text in the same directory is read as a file too; the journal is read via journalctl
     journal_rows = scan.sources[scan.sources["format"] == "json"]
     assert len(journal_rows) == 1
-    assert (scan.events["signature"] == "thread_death").sum() >= 1
+    from_journal = scan.events[scan.events["source"] == journal_rows["source"].iloc[0]]
+    assert (from_journal["signature"] == "thread_death").sum() == 1
+    alone = fx.logs.scan(path)
+    assert from_journal["signature"].value_counts().to_dict() == alone.events["signature"].value_counts().to_dict()
 
 
 def test_a_file_that_is_not_a_journal_is_a_named_problem(tmp_path):
+    # Named like a journal, but text: read by its content, as a text line in no known format.
     fake = tmp_path / "broken.journal"
     fake.write_bytes(b"not a journal at all")
     scan = fx.logs.scan(fake)
-    assert any(str(fake) in str(p) for p in scan.problems)
+    assert scan.sources["format"].tolist() == ["plain"] and scan.lines_total == 1 and scan.lines_unknown == 1
+    assert not any("journalctl" in str(p) or "empty" in str(p) for p in scan.problems)
+    assert any(p.line == 1 and str(fake) in str(p) and "no known format" in p.message for p in scan.problems)
     assert len(scan.events) == 0

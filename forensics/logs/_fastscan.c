@@ -229,6 +229,9 @@ static int parse_value(const unsigned char *s, const unsigned char *end, double 
         }
     }
     if (digits == 0) return 0;
+    /* An integer a double cannot hold exactly (counters are exact Int64): decline the line,
+     * the Python path reads it with int(). */
+    if (!dot && (digits > 19 || mantissa > (1ULL << 53))) return 0;
     *kind = 0;
     if (digits <= 19 && mantissa <= (1ULL << 53) && frac <= 22) {
         /* both operands exact, so one IEEE division is correctly rounded */
@@ -571,6 +574,12 @@ static int parse_access_line(const unsigned char *s, const unsigned char *e, Buf
     }
     if (!expect(&p, e, ':')) return 0;
     expect(&p, e, ' ');
+    /* sglang's uvicorn config prefixes "[YYYY-MM-DD HH:MM:SS] "; the journal's time is used */
+    if (p < e && *p == '[') {
+        const unsigned char *close = memchr(p, ']', (size_t)(e - p));
+        if (!close || close + 1 >= e || close[1] != ' ') return 0;
+        p = close + 2;
+    }
     static const char *levels[] = {"INFO", "WARNING", "ERROR", "DEBUG"};
     int level_ok = 0;
     for (int i = 0; i < 4 && !level_ok; i++) {

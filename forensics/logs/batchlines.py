@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from forensics.logs.batchstore import EXACT_FLOAT_LIMIT, MISSING
 from forensics.logs.schema import BATCH_BOOL_FIELDS, BATCH_COUNT_FIELDS
+
+INT64_MAX = np.iinfo(np.int64).max
 
 # Message part only (after any journal or sglang prefix).
 HEADER = re.compile(rb"(Prefill|Decode) batch(?: \[(\d+)\])?[.,] ")
@@ -108,6 +111,26 @@ _KEEP_IN_NUMBERS = frozenset(b"0123456789.,")
 _DELETE_ALL_BUT_NUMBERS = bytes(b for b in range(256) if b not in b"0123456789.,\n")
 
 
+_PLAIN_VALUE_BYTES = b"0123456789., %\r\n"
+
+
+def _plain_values(shape: Shape, joined: bytes, rows: int) -> bool:
+    """Whether every value is unsigned digits (with a dot or %) or a boolean where booleans belong.
+
+    Deleting labels leaves only the values; a sign, an exponent, text, or a True/False under
+    a numeric label would be misread by the bulk path ("-1" as 1, "3.5e1" as 35 or 3), so
+    such groups take the per-value path, which reads each value as it is written.
+    """
+    values = joined
+    for label in sorted(set(shape.labels), key=len, reverse=True):  # "full token usage" before "token usage"
+        values = values.replace(label + b": ", b"")
+    booleans = values.count(b"True") + values.count(b"False")
+    if booleans != rows * sum(name in BOOL_SET for name in shape.columns):
+        return False
+    values = values.replace(b"True", b"").replace(b"False", b"")
+    return not values.translate(None, _PLAIN_VALUE_BYTES)
+
+
 def number_table(shape: Shape, fields: list[bytes]) -> np.ndarray | None:
     """All values of many field lists of one shape as a (rows x fields) float table, in C.
 
@@ -119,7 +142,10 @@ def number_table(shape: Shape, fields: list[bytes]) -> np.ndarray | None:
         return None
     if any(_KEEP_IN_NUMBERS.intersection(label) for label in shape.labels):
         return None  # a label with digits or dots ("est. ... TFLOPS") would leave text behind
-    blob = b"\n".join(fields).replace(b"True", b"1").replace(b"False", b"0")
+    joined = b"\n".join(fields)
+    if not _plain_values(shape, joined, len(fields)):
+        return None
+    blob = joined.replace(b"True", b"1").replace(b"False", b"0")
     # Labels hold no digits, so deleting every byte but digits, dots, commas and newlines
     # leaves exactly the values, comma-separated.
     blob = blob.translate(None, _DELETE_ALL_BUT_NUMBERS).replace(b"\n", b",")
@@ -129,6 +155,8 @@ def number_table(shape: Shape, fields: list[bytes]) -> np.ndarray | None:
         return None
     if numbers.size != len(fields) * len(shape.labels):
         return None
+    if numbers.size and np.abs(numbers).max() >= EXACT_FLOAT_LIMIT:
+        return None  # a value a double cannot hold exactly: the exact text path reads it
     return numbers.reshape(len(fields), len(shape.labels))
 
 
@@ -145,10 +173,26 @@ def columns_from_table(shape: Shape, table: np.ndarray) -> dict[str, np.ndarray]
         if name in BOOL_SET:
             out[name] = column == b"True"
             continue
+        if name in COUNT_SET:
+            out[name] = _exact_counts(column)
+            continue
         try:
             out[name] = column.astype(np.float64)
         except ValueError:
             out[name] = np.array([_to_float(v.strip()) for v in column], dtype=np.float64)
+    return out
+
+
+def _exact_counts(column: np.ndarray) -> np.ndarray:
+    """Counter texts as exact int64 (``MISSING`` where a value is not an integer that fits)."""
+    out = np.empty(len(column), dtype=np.int64)
+    for index, text in enumerate(column.tolist()):
+        text = text.strip().rstrip(b"%")
+        try:
+            value = int(text)
+        except ValueError:
+            value = MISSING
+        out[index] = value if MISSING < value <= INT64_MAX else MISSING
     return out
 
 

@@ -1,9 +1,11 @@
 """Batch rows of one source, kept column by column in compact pieces until the scan ends.
 
 A busy deployment prints millions of batch lines; a DataFrame per chunk concatenated at
-the end holds every row twice and in wide types. Here each numeric field is kept as
-float32 pieces (NaN where a line did not print it), times as int64, and the few
-distinct texts (kind, host, unit) as small codes. ``frame()`` builds the final columns
+the end holds every row twice and in wide types. Here each ratio field is kept as
+float32 pieces (NaN where a line did not print it), each counter (and the iteration
+number) as exact int64 pieces (``MISSING`` where a line did not print it: counters never
+pass through a float), ranks as int32, times as int64, and the few distinct texts
+(kind, host, unit) as small codes. ``frame()`` builds the final columns
 one at a time, freeing the pieces as it goes, so the peak is about one copy of the
 compact result.
 """
@@ -17,8 +19,27 @@ import pandas as pd
 
 from forensics.logs.schema import BATCH_BOOL_FIELDS, BATCH_COUNT_FIELDS
 
-COUNT_SET = frozenset(BATCH_COUNT_FIELDS) | {"iter", "dp_rank", "tp_rank", "pp_rank"}
+COUNT_SET = frozenset(BATCH_COUNT_FIELDS) | {"iter"}  # exact Int64 columns
+RANK_SET = frozenset({"dp_rank", "tp_rank", "pp_rank"})  # small ids: Int32
 BOOL_SET = frozenset(BATCH_BOOL_FIELDS)
+MISSING = np.iinfo(np.int64).min  # an integer cell a line did not print
+EXACT_FLOAT_LIMIT = 2**53  # floats hold every integer below this exactly
+
+
+def as_counts(values) -> np.ndarray:
+    """Integer cells as int64 with ``MISSING`` for absent ones.
+
+    Integer input is taken as it is (negative rank codes from the compiled scanner mean
+    absent); float input (NaN = absent) must hold only integers below 2**53, which a
+    double represents exactly: the parsers hand larger values to the exact text path.
+    """
+    values = np.asarray(values)
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64, copy=False)
+    missing = np.isnan(values)
+    counts = np.where(missing, 0, values).astype(np.int64)
+    counts[missing] = MISSING
+    return counts
 TEXT_COLUMNS = ("ts_source", "kind", "host", "unit")
 
 
@@ -56,14 +77,14 @@ class BatchStore:
         offset = self.rows
         self.times.append((offset, np.asarray(times, dtype="datetime64[ns]")))
         for name, values in numbers.items():
-            values = np.asarray(values, dtype=np.float32)
-            if len(values) and np.isnan(values).all():
+            values = _compact(name, values)
+            if len(values) and _all_missing(values):
                 self.numbers[name]  # noqa: B018 - registers the column, stores nothing
                 continue
             self.numbers[name].append((offset, values, None))
         for positions, columns in numbers_at or ():
             for name, values in columns.items():
-                self.numbers[name].append((offset, np.asarray(values, dtype=np.float32), positions))
+                self.numbers[name].append((offset, _compact(name, values), positions))
         for name, value in constants.items():
             # A read-only broadcast view: one code, no memory per row.
             self.texts[name].append((offset, np.broadcast_to(np.int16(self._code(name, value)), (n,))))
@@ -103,7 +124,7 @@ class BatchStore:
             columns["role"] = pd.Categorical.from_codes(lookup[np.where(codes >= 0, codes, len(mapping))],
                                                         categories=categories)
         for name in list(self.numbers):
-            full = np.full(n, np.nan, dtype=np.float32)
+            full = np.full(n, MISSING, dtype=np.int64) if _is_integer(name) else np.full(n, np.nan, dtype=np.float32)
             for offset, piece, positions in self.numbers.pop(name):
                 if positions is None:
                     full[offset: offset + len(piece)] = piece
@@ -125,10 +146,32 @@ class BatchStore:
         return pd.Categorical.from_codes(codes, categories=categories)
 
 
+def _is_integer(name: str) -> bool:
+    return name in COUNT_SET or name in RANK_SET
+
+
+def _compact(name: str, values) -> np.ndarray:
+    """One piece in its stored type: int64 counters, int64 ranks (negative: absent), float32 else."""
+    if name in COUNT_SET:
+        return as_counts(values)
+    if name in RANK_SET:
+        counts = as_counts(values)
+        return np.where(counts < 0, MISSING, counts)
+    return np.asarray(values, dtype=np.float32)
+
+
+def _all_missing(values: np.ndarray) -> bool:
+    return bool((values == MISSING).all()) if values.dtype == np.int64 else bool(np.isnan(values).all())
+
+
 def _typed(name: str, values: np.ndarray):
+    if _is_integer(name):
+        missing = values == MISSING
+        data = np.where(missing, 0, values)
+        if name in RANK_SET:
+            return pd.arrays.IntegerArray(data.astype(np.int32), missing)
+        return pd.arrays.IntegerArray(data, missing)
     missing = np.isnan(values)
     if name in BOOL_SET:
         return pd.arrays.BooleanArray(values == 1.0, missing)
-    if name in COUNT_SET:
-        return pd.arrays.IntegerArray(np.where(missing, 0, values).astype(np.int32), missing)
     return values  # float32, NaN where not printed

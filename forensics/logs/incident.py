@@ -1,7 +1,8 @@
 """Write realistic sglang PD incident logs for a chosen release: the documented fixture generator.
 
 The lines follow the formats in the facts sheet (§5): sglang's ``[time ranks]`` prefix,
-the release's "Prefill batch"/"Decode batch" variant, uvicorn access lines, the abort
+the release's "Prefill batch"/"Decode batch" variant, uvicorn access lines (with the
+``[time]`` prefix sglang's uvicorn config gives them), the abort
 lines of the decode, the DEBUG ABORT send line, and the thread-death traceback that
 CPython's default excepthook prints to the prefill scheduler's stderr (no prefix).
 
@@ -16,6 +17,9 @@ reader is tested against one story:
 4. afterwards: only one-token health-probe prefill batches with a growing
    ``#bootstrap-req``, /health still 200, and after the waiting timeout a stream of
    decode timeouts, each sending another ABORT.
+
+Bootstrap rooms are random 63-bit values, as sglang's routers draw them, so every test
+built on these logs checks that rooms stay exact.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ class Record:
     ts: datetime  # UTC
     role: str
     text: str  # message without any prefix
-    prefixed: bool = True  # False: raw stderr (tracebacks, uvicorn access lines)
-    ranks: str = " TP0"
+    prefixed: bool = True  # False: raw stderr (tracebacks)
+    ranks: str = " TP0"  # "" for uvicorn's access lines, which sglang prefixes with the time only
 
 
 @dataclass
@@ -126,8 +130,12 @@ def generate(release: str = "0.5.15", *, start: datetime | None = None, seed: in
     records: list[Record] = []
     port = 40000
 
-    def add(offset: float, role: str, text: str, prefixed: bool = True) -> None:
-        records.append(Record(start + timedelta(seconds=offset), role, text, prefixed))
+    def add(offset: float, role: str, text: str, prefixed: bool = True, ranks: str = " TP0") -> None:
+        records.append(Record(start + timedelta(seconds=offset), role, text, prefixed, ranks))
+
+    def access(offset: float, role: str, method: str, path: str) -> None:
+        # sglang's uvicorn config: "[%(asctime)s] %(levelprefix)s ..." (a time, no ranks)
+        add(offset, role, access_line(method, path, 200, next_port()), ranks="")
 
     def next_port() -> int:
         nonlocal port
@@ -135,7 +143,10 @@ def generate(release: str = "0.5.15", *, start: datetime | None = None, seed: in
         return port
 
     t = 0.0
-    room_counter = iter(range(1000, 10**6))
+    # Rooms as sglang's routers draw them: random over [0, 2**63) (mini_lb, the Rust router),
+    # from their own generator so the story's other draws do not depend on them.
+    room_rng = random.Random(seed ^ 0x600D_5EED)
+    room_counter = iter(lambda: room_rng.randint(0, 2**63 - 1), None)
     in_flight = 0
     last_real = None
     # 1. steady traffic
@@ -144,16 +155,16 @@ def generate(release: str = "0.5.15", *, start: datetime | None = None, seed: in
         tokens = rng.randint(200, 4000)
         add(t, "prefill", prefill_batch_line(release, 1, tokens, 0, 0, 0, 1, tokens / 0.4))
         last_real = start + timedelta(seconds=t)
-        add(t + 0.01, "prefill", access_line("POST", "/generate", 200, next_port()), prefixed=False)
-        add(t + 0.3, "decode", access_line("POST", "/generate", 200, next_port()), prefixed=False)
+        access(t + 0.01, "prefill", "POST", "/generate")
+        access(t + 0.3, "decode", "POST", "/generate")
         in_flight = rng.randint(1, 6)
         if int(t) % 2 == 0:
             add(t + 0.2, "decode", decode_batch_line(release, in_flight, 1000 * in_flight, 0, 0, 95.0 + rng.random()))
         if int(t * 10) % 50 == 0:
-            add(t + 0.05, "prefill", access_line("GET", "/health", 200, next_port()), prefixed=False)
-            add(t + 0.06, "decode", access_line("GET", "/health", 200, next_port()), prefixed=False)
+            access(t + 0.05, "prefill", "GET", "/health")
+            access(t + 0.06, "decode", "GET", "/health")
         if int(t * 10) % 150 == 0:
-            add(t + 0.07, "prefill", access_line("GET", "/metrics", 200, next_port()), prefixed=False)
+            access(t + 0.07, "prefill", "GET", "/metrics")
         t += 1.0 / requests_per_second
     # 2. the trigger: a client gives up on a request whose KV is still pending
     trigger_room = next(room_counter)
@@ -194,8 +205,8 @@ def generate(release: str = "0.5.15", *, start: datetime | None = None, seed: in
         if int(t * 10) % 50 == 0:
             # A /health probe that reaches the prefill runs a real one-token batch (facts §4.3).
             add(t + 0.02, "prefill", prefill_batch_line(release, 1, 1, 0, 0, bootstrap_queue, 0, 0.05))
-            add(t + 0.03, "prefill", access_line("GET", "/health", 200, next_port()), prefixed=False)
-            add(t + 0.04, "decode", access_line("GET", "/health", 200, next_port()), prefixed=False)
+            access(t + 0.03, "prefill", "GET", "/health")
+            access(t + 0.04, "decode", "GET", "/health")
         if int(t) % 2 == 0:
             add(t + 0.2, "decode", decode_batch_line(release, 0, 0, 0, transfer_queue, 0.0))
         while wedge and sent_times and t - sent_times[0][0] >= waiting_timeout:
@@ -231,7 +242,7 @@ def sglang_line(record: Record, tz: str = "UTC", millis: bool = False) -> str:
         return record.text
     local = record.ts.astimezone(ZoneInfo(tz))
     stamp = local.strftime("%Y-%m-%d %H:%M:%S")
-    if millis:
+    if millis and record.ranks:  # uvicorn's datefmt has no milliseconds
         stamp += f".{local.microsecond // 1000:03d}"
     return f"[{stamp}{record.ranks}] {record.text}"
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import msgspec
 
 # [2025-07-01 12:00:00.123 DP1 PP0 TP3] message   (ms only with SGLANG_LOG_MS=1)
-SGLANG_PREFIX = re.compile(rb"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})?)((?: [A-Z_]+\d+)*)\] ?")
+# Any number of fraction digits: a line with more than nanoseconds is still sglang's (its time is
+# truncated to ns), never a line that silently belongs to no format.
+SGLANG_PREFIX = re.compile(rb"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)((?: [A-Z_]+\d+)*)\] ?")
 # uvicorn default access line: INFO:     127.0.0.1:5678 - "GET /health HTTP/1.1" 200 OK
 UVICORN_ACCESS = re.compile(rb'(?:INFO|WARNING|ERROR|DEBUG):\s+(\S+) - "([A-Z]+) (\S+) HTTP/[\d.]+" (\d{3})')
 JOURNAL_ISO = re.compile(

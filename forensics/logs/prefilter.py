@@ -54,6 +54,46 @@ class LiteralPrefilter:
             return self._hyperscan_starts(data)
         return self._find_starts(data)
 
+    def line_hits(self, data: bytes) -> dict[int, set[int]]:
+        """Start of each line of ``data`` holding a literal -> the indices (into ``literals``) found in it.
+
+        The same lines as ``line_starts``; the indices let a classifier try only the
+        signatures whose literal the line holds.
+        """
+        hits: dict[int, set[int]] = {}
+        rfind = data.rfind
+        if self._database is not None:
+            found: list[tuple[int, int]] = []
+            append = found.append
+
+            def on_match(literal, _start, end, _flags, _context):
+                append((literal, end))
+
+            self._database.scan(data, match_event_handler=on_match)
+            for literal, end in found:
+                start = rfind(b"\n", 0, end) + 1
+                line = hits.get(start)
+                if line is None:
+                    hits[start] = {literal}
+                else:
+                    line.add(literal)
+            return hits
+        find = data.find
+        for index, literal in enumerate(self.literals):
+            position = find(literal)
+            while position >= 0:
+                start = rfind(b"\n", 0, position) + 1
+                line = hits.get(start)
+                if line is None:
+                    hits[start] = {index}
+                else:
+                    line.add(index)
+                newline = find(b"\n", position)
+                if newline < 0:
+                    break
+                position = find(literal, newline + 1)
+        return hits
+
     def _hyperscan_starts(self, data: bytes) -> list[int]:
         ends: list[int] = []
         append = ends.append

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from forensics.logs import batchlines, catalogue, timestamps
-from forensics.logs.batchstore import BatchStore
+from forensics.logs import batchlines, catalogue, classify_bulk, timestamps
+from forensics.logs.batchstore import MISSING, BatchStore
 from forensics.logs.lineformats import (
     JOURNAL_ISO,
     JOURNAL_META,
@@ -47,20 +47,37 @@ TRACEBACK_LITERAL = b"Traceback (most recent call last):"
 BATCH_LITERAL = b" batch"
 ACCESS_LITERAL = b" HTTP/"
 UNKNOWN_SAMPLES = 20
+ROOM_LIMIT = 1 << 64  # rooms are unsigned 64-bit at most (the room column is UInt64)
 _JOURNAL_PREFIX = {"short-iso": JOURNAL_ISO.pattern, "short-precise": JOURNAL_PRECISE.pattern}
 _TS_KIND = {"short-iso": timestamps.ISO, "short-precise": timestamps.PRECISE, "json": timestamps.EPOCH_US}
 _FAST_FORMATS = {"plain": 0, "short-iso": 1}  # formats whose batch lines _fastscan reads
 _BULK_PREFIX = {"plain": b"[20", "short-iso": b"2"}  # what _bulk_known counts, for _fastscan.count_lines
+# How a message that starts with sglang's "[2025-..." prefix shows in each journal format.
+# (journalctl writes compact JSON; json.dumps-style output has a space after the colon.)
+_SGLANG_IN_MESSAGE = {"short-iso": (b": [20",), "short-precise": (b": [20",),
+                      "json": (b'"MESSAGE":"[20', b'"MESSAGE": "[20')}
 
 
 # Access line -> its counting key (minute, zone, host, unit, method, path, status) in one match.
+# sglang gives uvicorn's access logger its own "[%(asctime)s] " prefix (set_uvicorn_logging_configs),
+# so the level may follow a bracketed time; the journal's time is the one used.
 _ACCESS_KEY = {
     "short-iso": re.compile(
         rb"(\d{4}-\d\d-\d\dT\d\d:\d\d):\d\d(?:[.,]\d+)?(Z|[+-]\d\d:?\d\d)? (\S+) ([^\s\[:]+)(?:\[\d+\])?: ?"
-        rb'(?:INFO|WARNING|ERROR|DEBUG):\s+\S+ - "([A-Z]+) (\S+) HTTP/[\d.]+" (\d{3})'),
+        rb'(?:\[[^\]\n]*\] )?(?:INFO|WARNING|ERROR|DEBUG):\s+\S+ - "([A-Z]+) (\S+) HTTP/[\d.]+" (\d{3})'),
     "short-precise": re.compile(
         rb"([A-Z][a-z]{2} [ \d]\d \d\d:\d\d):\d\d(?:\.\d+)?() (\S+) ([^\s\[:]+)(?:\[\d+\])?: ?"
-        rb'(?:INFO|WARNING|ERROR|DEBUG):\s+\S+ - "([A-Z]+) (\S+) HTTP/[\d.]+" (\d{3})'),
+        rb'(?:\[[^\]\n]*\] )?(?:INFO|WARNING|ERROR|DEBUG):\s+\S+ - "([A-Z]+) (\S+) HTTP/[\d.]+" (\d{3})'),
+}
+
+
+# A rare line, whole: (journal prefix)? (sglang prefix)? message, for findall over many joined
+# lines (one match per line). Each optional part matches exactly as split_line and
+# SGLANG_PREFIX.match would on that line alone.
+_RARE_LINE_RE = {
+    "plain": re.compile(rb"(?m)^(?:" + SGLANG_PREFIX.pattern + rb")?(.*)$"),
+    **{fmt: re.compile(rb"(?m)^(?:" + prefix + rb")?(?:" + SGLANG_PREFIX.pattern + rb")?(.*)$")
+       for fmt, prefix in _JOURNAL_PREFIX.items()},
 }
 
 
@@ -87,6 +104,9 @@ class SourceResult:
     saw_prefill_batch: bool = False
     saw_decode_batch: bool = False
     year: int | None = None  # the year short-precise times were read in
+    lines_recognised: int = 0  # sglang-prefixed, uvicorn and CPython traceback lines
+    first_time: tuple | None = None  # (kind, value) of the first timed line
+    last_time: tuple | None = None  # (kind, value) of the last timed line
 
 
 def _text(value) -> str | None:
@@ -117,6 +137,7 @@ class SourceScanner:
             literals = tuple(json.dumps(lit.decode())[1:-1].encode() for lit in literals)
         # One pass over a chunk for all literals (Hyperscan where installed), not one per literal.
         self.prefilter = LiteralPrefilter(literals)
+        self._literal_text = [literal.decode("utf-8", "replace") for literal in self.prefilter.literals]
         self.last_time: tuple[str, object] | None = None  # (kind, value) of the last timed line
         self.last_minute: bytes | None = None
         self.pending_times: list[dict] = []  # events still waiting for a time from a later line
@@ -124,6 +145,9 @@ class SourceScanner:
         self.pending_block: Block | None = None  # finished, but a chained exception may follow
         self.pending_grace = 0
         self.last_event_line = -10
+        self._label = source.label  # the event path's caches: source label, host/unit names, ranks
+        self._origin_names: dict[bytes, str] = {}
+        self._ranks_cache: dict[bytes, tuple] = {}
         if fmt in ("short-iso", "short-precise", "json"):
             self.result.access_minute_kind = _TS_KIND[fmt]
         # The compiled path interns layouts and origins (host, unit) to small ids across chunks.
@@ -143,7 +167,9 @@ class SourceScanner:
         consumed: set[int] = set()
         slow_known = 0  # untimed lines the slow path recognised (traceback parts)
         # 1. Rare lines: every catalogue literal, then the traceback lines that follow.
-        starts = set(self.prefilter.line_starts(data))
+        # Which literals each line holds, where the rare lines are classified in bulk.
+        hits = self.prefilter.line_hits(data) if self.fmt in _RARE_LINE_RE else None
+        starts = set(hits) if hits is not None else set(self.prefilter.line_starts(data))
         if self.blocks.active or self.pending_block is not None:
             starts.add(0)
         starts = sorted(starts)
@@ -151,8 +177,13 @@ class SourceScanner:
         # every rare line, in one compiled pass.
         counted = self.fast.count_lines(data, _BULK_PREFIX[self.fmt], starts) if self.fast is not None else None
         n_lines = counted[0] if counted else data.count(b"\n")
+        # The rare lines that carry sglang's prefix (nearly all of them) are taken apart and
+        # classified together, once per chunk; the walk below then only emits them in order.
+        prepared = self._prepare_rare(data, starts, hits) if hits is not None else None
         line_no = self.line_base  # lines before last_position
         last_position = 0
+        size = len(data)
+        blocks = self.blocks
         for index, start in enumerate(starts):
             if start < last_position:
                 continue  # already walked as part of a traceback
@@ -161,16 +192,22 @@ class SourceScanner:
             else:
                 line_no += data.count(b"\n", last_position, start)
             position = start
-            while position < len(data):
+            ready = prepared[index] if prepared is not None else None
+            while position < size:
                 end = data.find(b"\n", position)
                 consumed.add(position)
-                if self._slow_line(data[position:end], line_no + 1, chunk.offset + position, data, position):
+                line = data[position:end]
+                if ready is not None:
+                    self._ready_line(ready, line_no + 1, chunk.offset + position)
+                    ready = None
+                elif self._slow_line(line, line_no + 1, chunk.offset + position, data, position):
                     slow_known += 1
                 line_no += 1
                 position = end + 1
-                for block in self.blocks.expire(line_no):
-                    self._emit_block(block)
-                if not self.blocks.active and self.pending_block is None:
+                if blocks.open:
+                    for block in blocks.expire(line_no):
+                        self._emit_block(block)
+                if not blocks.open and self.pending_block is None:
                     break
             last_position = position
         # 2. Batch lines.
@@ -179,12 +216,17 @@ class SourceScanner:
         access_count = self._access_lines(data, consumed)
         # 4. Bulk counting of lines in a known format; walk the chunk only if some are not.
         known = counted[1] if counted else self._bulk_known(data)
+        # Lines that are sglang's own (its prefix), uvicorn's or CPython's: what "clean" rests on.
+        sglang_lines = known if self.fmt == "plain" else sum(map(data.count, _SGLANG_IN_MESSAGE[self.fmt]))
+        self.result.lines_recognised += min(n_lines, sglang_lines + slow_known + access_count)
         if self.fmt == "plain":
             known += slow_known + access_count
         if known < n_lines:
             self._walk_unknown(data, consumed)
         for block in self.blocks.expire(self.line_base + n_lines):
             self._emit_block(block)
+        if self.result.first_time is None:
+            self.result.first_time = self._time_after(b"\n" + data, 0, max_lines=400)
         self._remember_last_time(data)
         self.line_base += n_lines
         self.result.lines_total += n_lines
@@ -266,6 +308,85 @@ class SourceScanner:
             self._infer_time_later(event, data, position)
         return False
 
+    def _prepare_rare(self, data: bytes, starts: list[int], hits: dict[int, set[int]]) -> list | None:
+        """The rare lines at ``starts`` that carry sglang's prefix, taken apart and classified in bulk.
+
+        One item per start: None where the line needs the full path (no sglang prefix:
+        traceback lines, uvicorn lines; or a line out of format), else
+        ``(host, unit, time, ranks, text, raw, matched)``, the very values ``_slow_line``
+        would compute for it one by one. ``hits`` (from the prefilter) names the literals
+        each line holds, so only those signatures are tried. Returns None when the whole
+        chunk should take the line-by-line path (few rare lines, carriage returns).
+        """
+        if len(starts) < 8:
+            return None
+        find = data.find
+        lines = [data[start:find(b"\n", start)] for start in starts]
+        joined = b"\n".join(lines)
+        if b"\r" in joined:
+            return None  # _split strips it first; keep those chunks on the exact path
+        rows = _RARE_LINE_RE[self.fmt].findall(joined)
+        if len(rows) != len(lines):
+            return None
+        journal = self.fmt != "plain"
+        # (journal ts, host, unit, sglang ts, ranks, body) per line; '' where a part is absent.
+        parts = [(row[0], row[1], row[2], row[4], row[5], row[6]) if journal else (b"", b"", b"", row[0], row[1], row[2])
+                 for row in rows]
+        picked = [i for i, part in enumerate(parts) if part[3]]  # sglang's prefix matched
+        if not picked:
+            return None
+        bodies = b"\n".join([parts[i][5] for i in picked])
+        if bodies.isascii():
+            texts = bodies.decode("ascii").replace("\x00", "\ufffd").split("\n")
+        else:
+            texts = [parts[i][5].decode("utf-8", "replace").replace("\x00", "\ufffd") for i in picked]
+        picked_lines = b"\n".join([lines[i] for i in picked])
+        if picked_lines.isascii():
+            raws = picked_lines.decode("ascii").replace("\x00", "\ufffd").split("\n")
+        else:
+            raws = [lines[i].decode("utf-8", "replace").replace("\x00", "\ufffd") for i in picked]
+        literal_text = self._literal_text
+        nothing: tuple = ()
+        held = [[literal_text[i] for i in hits.get(starts[row], nothing)] for row in picked]
+        matches = classify_bulk.classify_many(texts, held)
+        names = self._origin_names
+        ts_kind = _TS_KIND.get(self.fmt)
+        prepared: list = [None] * len(lines)
+        for i, text, raw, matched in zip(picked, texts, raws, matches):
+            journal_ts, host, unit, sglang_ts, ranks, _ = parts[i]
+            if journal_ts:
+                host_name = names.get(host)
+                if host_name is None:
+                    host_name = names[host] = host.decode("utf-8", "replace")
+                unit_name = names.get(unit)
+                if unit_name is None:
+                    unit_name = names[unit] = unit.decode("utf-8", "replace")
+                time = ("journal", ts_kind, journal_ts)
+            else:
+                host_name = unit_name = None
+                time = ("sglang", timestamps.SGLANG, sglang_ts)
+            prepared[i] = (host_name, unit_name, time, ranks, text, raw, matched)
+        return prepared
+
+    def _ready_line(self, ready, line_no: int, offset: int) -> None:
+        """``_slow_line`` for a line ``_prepare_rare`` already took apart (it has sglang's prefix)."""
+        host, unit, time, ranks, text, raw, matched = ready
+        if host:
+            self.result.hosts[host] += 1
+        if unit:
+            self.result.units[unit] += 1
+        if self.pending_block is not None:
+            # A prefixed line ends a finished traceback's chance of chaining.
+            self._emit_block(self.pending_block)
+            self.pending_block = None
+        if matched is None or matched[0].id == "thread_death":
+            return
+        signature, fields = matched
+        parsed = self._ranks_cache.get(ranks)
+        if parsed is None:
+            parsed = self._ranks_cache[ranks] = parse_ranks(ranks)
+        self._new_event(signature, fields, text, raw, line_no, offset, host, unit, time, parsed)
+
     def _final_exception_event(self, text, line, line_no, offset, split, block) -> None:
         """The last line of a traceback can itself be a signature (the NIXL GUARD assertion)."""
         matched = catalogue.classify(text)
@@ -280,6 +401,12 @@ class SourceScanner:
             event["thread"] = block.label
 
     def _event(self, signature, fields, text, line, line_no, offset, split, time, ranks) -> dict:
+        return self._new_event(
+            signature, fields, text, line.decode("utf-8", "replace").replace("\x00", "\ufffd"), line_no, offset,
+            split.host if split is not None and split.host else None,
+            split.unit if split is not None and split.unit else None, time, ranks)
+
+    def _new_event(self, signature, fields, text, raw, line_no, offset, host, unit, time, ranks) -> dict:
         ts_source, ts_kind, ts_value = time
         rank_text = fields.get("rank")
         room_text = fields.get("room")
@@ -290,21 +417,21 @@ class SourceScanner:
             "_ts_kind": ts_kind,
             "_ts_value": ts_value,
             "ts_source": ts_source if ts_kind else "none",
-            "host": (split.host if split is not None and split.host else None),
-            "unit": (split.unit if split is not None and split.unit else None),
-            "source": self.source.label,
+            "host": host or None,
+            "unit": unit or None,
+            "source": self._label,
             "line": line_no,
             "signature": signature.id,
             "severity": signature.severity,
             "step": signature.step,
-            "room": int(room_text) if room_text else None,
+            "room": self._room(room_text, line_no) if room_text else None,
             "rid": fields.get("rid"),
             "rank": int(rank_text) if rank_text else ranks[1],
             "dp_rank": ranks[0],
             "pp_rank": ranks[2],
             "thread": thread,
             "message": text[:RAW_LIMIT],
-            "raw": line.decode("utf-8", "replace").replace("\x00", "\ufffd")[:RAW_LIMIT],
+            "raw": raw[:RAW_LIMIT],
             "offset": offset,
         }
         if ts_kind is None and self.last_time is not None:
@@ -314,6 +441,17 @@ class SourceScanner:
         self.last_event = event
         self.last_event_line = line_no
         return event
+
+    def _room(self, text: str | None, line_no: int) -> int | None:
+        """The room a line names, exact; a number outside [0, 2**64) is kept only in the message."""
+        if not text:
+            return None
+        room = int(text)
+        if not 0 <= room < ROOM_LIMIT:
+            self.result.problems.append(Problem(self.source.label, line_no,
+                                                f"room {text} is outside [0, 2**64); left out of the room column"))
+            return None
+        return room
 
     def _infer_time_later(self, item, data: bytes, position: int) -> None:
         """Give an untimed line the time of the nearest earlier timed line, else of the next one."""
@@ -512,7 +650,8 @@ class SourceScanner:
             columns = batchlines.columns_from_numbers(shape, values[cells])
             numbers_at.append((rows.astype(np.int32), columns))
         for name, ranks in (("dp_rank", dp), ("tp_rank", tp), ("pp_rank", pp), ("iter", iters)):
-            numbers[name] = np.where(ranks >= 0, ranks, np.nan).astype(np.float32)
+            # -1 from _fastscan: not printed (widen first: MISSING does not fit an int32)
+            numbers[name] = np.where(ranks >= 0, ranks.astype(np.int64), MISSING)
         stamps = times.view("datetime64[ns]")
         if self.fmt == "plain" and self.tz != "UTC":
             stamps = timestamps.localise(stamps, self.tz).tz_localize(None).to_numpy()
@@ -617,14 +756,15 @@ class SourceScanner:
         stamps = timestamps.convert(ts_kind, ts, tz=self.tz, year=self.year).tz_convert("UTC").tz_localize(None)
         rank_cache: dict = {}
         for text in set(ranks):
-            rank_cache[text] = tuple(np.nan if v is None else v for v in parse_ranks(text or b""))
-        rank_rows = np.array([rank_cache[text] for text in ranks], dtype=np.float32).reshape(n, 3)
-        iter_cache = {text: (float(text) if text else np.nan) for text in set(iters)}
-        numbers_out = {name: np.asarray(values, dtype=np.float32) for name, values in columns.items()}
+            rank_cache[text] = tuple(MISSING if v is None else v for v in parse_ranks(text or b""))
+        rank_rows = np.array([rank_cache[text] for text in ranks], dtype=np.int64).reshape(n, 3)
+        # Iterations are exact integers (int() of the digits), never read through a float.
+        iter_cache = {text: (int(text) if text else MISSING) for text in set(iters)}
+        numbers_out = dict(columns)  # counters exact (float64 below 2**53, or int64), the rest float
         numbers_out["dp_rank"] = rank_rows[:, 0]
         numbers_out["tp_rank"] = rank_rows[:, 1]
         numbers_out["pp_rank"] = rank_rows[:, 2]
-        numbers_out["iter"] = np.array([iter_cache[text] for text in iters], dtype=np.float32)
+        numbers_out["iter"] = np.array([iter_cache[text] for text in iters], dtype=np.int64)
         per_row = {}
         if origins is not None:
             for name, raw in zip(("host", "unit"), origins):
@@ -639,7 +779,11 @@ class SourceScanner:
 
     # ----------------------------------------------------------- access lines
     def _access_lines(self, data: bytes, consumed: set[int]) -> int:
-        """Count uvicorn access lines per (minute, zone, host, unit, method, path, status)."""
+        """Count uvicorn access lines per (minute, zone, host, unit, method, path, status).
+
+        Returns the lines counted that the bulk count of plain logs did not already count
+        (plain: those without sglang's prefix; journal formats: all of them).
+        """
         if self.fmt == "plain":
             return self._access_lines_plain(data)
         if self.fmt == "short-iso" and self.fast is not None:
@@ -671,17 +815,30 @@ class SourceScanner:
         return len(keys)
 
     def _access_lines_plain(self, data: bytes) -> int:
+        """Access lines of a plain log; returns how many had no sglang time prefix.
+
+        sglang's own uvicorn config writes ``[2025-07-01 12:00:00] INFO:     ...`` (its time is
+        the line's minute); plain uvicorn writes no time at all (then the minute of the nearest
+        earlier sglang line is taken). Prefixed lines are already counted by the bulk count.
+        """
         find = data.find
         rfind = data.rfind
         counts = self.result.access
         match = UVICORN_ACCESS.match
-        counted = 0
+        prefix_match = SGLANG_PREFIX.match
+        unprefixed = 0
         last_minute = self.last_minute
         for start, end in self._line_spans(data, ACCESS_LITERAL):
             found = match(data, start, end)
             if found is None:
+                prefix = prefix_match(data, start, end) if data.startswith(b"[20", start) else None
+                found = match(data, prefix.end(), end) if prefix is not None else None
+                if found is None:
+                    continue
+                last_minute = data[start + 1: start + 17]
+                counts[(last_minute, None, None, None, found.group(2), found.group(3), found.group(4))] += 1
                 continue
-            counted += 1
+            unprefixed += 1
             # uvicorn prints no time: take the minute of the nearest earlier sglang line.
             previous = rfind(b"\n[20", 0, start)
             if previous >= 0:
@@ -695,7 +852,7 @@ class SourceScanner:
                 minute = last_minute
             counts[(minute, None, None, None, found.group(2), found.group(3), found.group(4))] += 1
         self.last_minute = last_minute
-        return counted
+        return unprefixed
 
     # --------------------------------------------------------------- counting
     def _bulk_known(self, data: bytes) -> int:
@@ -742,6 +899,7 @@ class SourceScanner:
         found = self._time_before(data, len(data), max_lines=400)
         if found is not None:
             self.last_time = found
+            self.result.last_time = found
 
     def finish(self) -> SourceResult:
         if self.pending_block is not None:

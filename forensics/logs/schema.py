@@ -24,7 +24,9 @@ EVENT_COLUMNS: dict[str, str] = {
     "signature": "string",  # catalogue id
     "severity": "string",  # critical | error | warning | info | debug
     "step": "string",  # kill-chain step of the signature
-    "room": "Int64",  # bootstrap room when the line names one
+    # Bootstrap room when the line names one: exact over [0, 2**64) (random 63-bit values, plus
+    # room + i for n > 1). Never a float; a string of digits in JSON.
+    "room": "UInt64",
     "rid": "string",
     "rank": "Int64",  # tp rank from the message (rank=N) or the sglang prefix
     "dp_rank": "Int64",
@@ -44,12 +46,13 @@ BATCH_ID_COLUMNS: dict[str, str] = {
     "role": "category",
     "source": "category",
     "kind": "category",  # prefill | decode
-    "iter": "Int32",  # forward iteration when the line carries "[N]"
+    "iter": "Int64",  # forward iteration when the line carries "[N]" (exact)
     "dp_rank": "Int32",
     "tp_rank": "Int32",
     "pp_rank": "Int32",
 }
-# Numeric batch fields, by normalised name. Counts are nullable Int32, ratios float32;
+# Numeric batch fields, by normalised name. Counts are exact nullable Int64 (never through a
+# float), ratios float32;
 # a field a release does not print is <NA>/NaN in its rows, and a documented field no
 # line printed at all is an all-missing sparse column (it costs no memory per row).
 BATCH_COUNT_FIELDS = (

@@ -25,7 +25,15 @@ class Summary:
         return "\n".join(f"- {s}" for s in self.sentences)
 
     def to_dict(self) -> dict:
-        return {"facts": self.facts, "sentences": self.sentences}
+        """Facts for JSON: rooms as strings of digits (JSON readers round big numbers)."""
+        facts = dict(self.facts)
+        if facts.get("rooms_affected") is not None:
+            facts["rooms_affected"] = [str(room) for room in facts["rooms_affected"]]
+        if facts.get("trigger"):
+            trigger = dict(facts["trigger"])
+            trigger["room"] = None if trigger.get("room") is None else str(trigger["room"])
+            facts["trigger"] = trigger
+        return {"facts": facts, "sentences": self.sentences}
 
     def _repr_html_(self) -> str:
         items = "".join(f"<li>{html.escape(s)}</li>" for s in self.sentences)
@@ -54,7 +62,7 @@ def summarise(scan) -> Summary:
     sentences: list[str] = []
     deaths = events[events["signature"].isin(DEATHS)]
     if len(deaths):
-        first = deaths.iloc[0]
+        first = _row(deaths, 0)
         facts["first_thread_death"] = {
             "ts": None if pd.isna(first["ts"]) else first["ts"].isoformat(), "thread": first["thread"],
             "message": first["message"], "host": first["host"], "role": first["role"], "where": _where(first),
@@ -94,20 +102,23 @@ def summarise(scan) -> Summary:
     prefill = batches[batches["kind"] == "prefill"] if len(batches) else batches
     if len(prefill):
         real = prefill[~((prefill["new_seq"] == 1) & (prefill["new_token"] == 1))] if "new_seq" in prefill else prefill
+        probes = prefill[(prefill["new_seq"] == 1) & (prefill["new_token"] == 1)] if "new_seq" in prefill else prefill.iloc[:0]
         if len(real):
-            last = real.iloc[-1]
+            last = _row(real, len(real) - 1)
             facts["last_real_prefill_batch"] = last["ts"].isoformat() if not pd.isna(last["ts"]) else None
             sentences.append(f"Last real prefill batch {_when(last['ts'])} on {last['host']}.")
-        probes_after = prefill[(prefill["new_seq"] == 1) & (prefill["new_token"] == 1)] if "new_seq" in prefill else prefill.iloc[:0]
-        if len(real) and len(probes_after):
-            probes_after = probes_after[probes_after["ts"] > real.iloc[-1]["ts"]]
-        if len(probes_after) and "bootstrap_req" in probes_after:
-            grow = probes_after["bootstrap_req"].dropna()
+            probes = probes[probes["ts"] > last["ts"]]
+            after = f"After the last real prefill batch only {len(probes)}"
+        else:
+            facts["last_real_prefill_batch"] = None
+            after = f"No real prefill batch in these logs; only {len(probes)}"
+        if len(probes) and "bootstrap_req" in probes:
+            grow = probes["bootstrap_req"].dropna()
             if len(grow) and grow.iloc[-1] > grow.iloc[0]:
                 sentences.append(
-                    f"After it only {len(probes_after)} one-token health-probe batches ran, with #bootstrap-req "
+                    f"{after} one-token health-probe batches ran, with #bootstrap-req "
                     f"going {int(grow.iloc[0])} -> {int(grow.iloc[-1])}: requests pile up in the bootstrap queue.")
-                facts["probe_batches_after"] = int(len(probes_after))
+                facts["probe_batches_after"] = int(len(probes))
     else:
         facts["last_real_prefill_batch"] = None
     if len(scan.access) and facts.get("first_thread_death") and facts["first_thread_death"]["ts"]:
@@ -128,7 +139,7 @@ def summarise(scan) -> Summary:
     return Summary(facts=facts, sentences=sentences)
 
 
-def _trigger_before(events: pd.DataFrame, ts) -> pd.Series | None:
+def _trigger_before(events: pd.DataFrame, ts) -> dict | None:
     if pd.isna(ts):
         return None
     candidates = events[events["signature"].isin(TRIGGERS) & events["ts"].notna()]
@@ -138,4 +149,9 @@ def _trigger_before(events: pd.DataFrame, ts) -> pd.Series | None:
     # The abort lines with a room say most; prefer the latest one before the death.
     with_room = candidates[candidates["room"].notna()]
     pick = with_room if len(with_room) else candidates
-    return pick.iloc[-1]
+    return _row(pick, len(pick) - 1)
+
+
+def _row(frame: pd.DataFrame, position: int) -> dict:
+    """One row as a dict, read column by column: a whole-row Series could upcast a room to float."""
+    return {name: frame[name].iloc[position] for name in frame.columns}

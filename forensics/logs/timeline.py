@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from forensics.logs import catalogue, timestamps
+from forensics.logs import catalogue, timestamps, timewindow
 from forensics.logs.lineformats import sniff
 from forensics.logs.scanner import SourceResult, SourceScanner
 from forensics.logs.schema import (
@@ -44,6 +44,22 @@ class LogScan:
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     unknown_samples: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    window: timewindow.Window = field(default_factory=timewindow.Window)
+    span: tuple = (None, None)  # first and last timed line of all sources (UTC), before the window
+
+    @property
+    def lines_total(self) -> int:
+        return int(self.sources["lines"].sum()) if len(self.sources) else 0
+
+    @property
+    def lines_recognised(self) -> int:
+        return int(self.sources["lines_recognised"].sum()) if len(self.sources) else 0
+
+    def assess(self):
+        """The verdict on this window: clean, warnings, findings or inconclusive, with evidence."""
+        from forensics.logs.findings import assess
+
+        return assess(self)
 
     @property
     def lines_unknown(self) -> int:
@@ -91,13 +107,15 @@ def _scan_one(source: LogSource, tz: str, year: int | None, progress: Progress |
     try:
         stream = open_stream(source)
     except SourceError as exc:
-        problems.append(Problem(source.label, None, str(exc).split(": ", 1)[-1]))
+        problems.append(Problem(source.label, None, exc.reason, unreadable=True))
         return None
     scanner = None
+    problems_before = len(problems)
     try:
         for chunk in read_chunks(stream, source, problems):
             if scanner is None:
-                fmt = source.fmt or ("json" if source.kind == "journal" else sniff(chunk.data[:65536]))
+                # The stream knows its format when the source states it or journalctl wrote it.
+                fmt = stream.fmt or sniff(chunk.data[:65536])
                 source_year = year
                 if fmt == "short-precise" and year is None:
                     source_year, note = _year_hint(source, chunk.data[:1 << 20])
@@ -108,11 +126,10 @@ def _scan_one(source: LogSource, tz: str, year: int | None, progress: Progress |
             if progress is not None:
                 progress(source.label, len(chunk.data))
     finally:
-        stream.close()
-        if source.kind == "journal" and getattr(stream, "returncode", 0):
-            problems.append(Problem(source.label, None, f"journalctl failed ({stream.returncode}): {stream.stderr}"))
+        stream.close()  # a journalctl that failed was already reported by read_chunks
     if scanner is None:
-        problems.append(Problem(source.label, None, "empty: no lines to read"))
+        if len(problems) == problems_before:  # nothing went wrong: there was just nothing there
+            problems.append(Problem(source.label, None, "empty: no lines to read"))
         return SourceResult(source=source, fmt="unknown")
     result = scanner.finish()
     problems.extend(result.problems)
@@ -125,14 +142,18 @@ def _scan_one(source: LogSource, tz: str, year: int | None, progress: Progress |
 
 
 def scan(sources: Iterable[str | os.PathLike | LogSource] | str | os.PathLike | LogSource, *,
-         since=None, until=None, tz: str = "UTC", role: str | None = None, host: str | None = None,
-         year: int | None = None, progress: Progress | None = None) -> LogScan:
+         since=None, until=None, last=None, tz: str = "UTC", role: str | None = None,
+         host: str | None = None, year: int | None = None, progress: Progress | None = None) -> LogScan:
     """Read every source once; return events, batch history, access counts and problems.
 
     ``tz`` says how to read times without a zone (sglang's prefix, journalctl
     short-precise); journal timestamps win where present. ``since``/``until`` bound the
-    frames (anything pandas reads as a time; naive values are read in ``tz``).
+    frames: ISO times (naive ones read in ``tz``), epoch seconds, or durations before now
+    (``30m``); ``last`` (``30m``) keeps the last stretch of the logs themselves
+    (see ``timewindow``). Events without any time are kept whatever the window, and
+    counted in a note.
     """
+    bounds = timewindow.window(since, until, last, tz)  # bad bounds fail before any reading
     if isinstance(sources, (str, os.PathLike, LogSource)):
         sources = [sources]
     expanded = as_sources(sources, role=role, host=host)
@@ -143,7 +164,7 @@ def scan(sources: Iterable[str | os.PathLike | LogSource] | str | os.PathLike | 
         result = _scan_one(source, tz, year, progress, problems, notes)
         if result is not None:
             results.append(result)
-    return _assemble(results, problems, notes, since, until, tz)
+    return _assemble(results, problems, notes, bounds, tz)
 
 
 def _source_role(result: SourceResult) -> str:
@@ -161,7 +182,19 @@ def _source_role(result: SourceResult) -> str:
     return "unknown"
 
 
-def _assemble(results: list[SourceResult], problems, notes, since, until, tz) -> LogScan:
+def _span(results: list[SourceResult], tz: str) -> tuple[pd.Timestamp | None, pd.Timestamp | None]:
+    """First and last timed line over every source (UTC), or None where no line had a time."""
+    firsts, lasts = [], []
+    for result in results:
+        for bound, out in ((result.first_time, firsts), (result.last_time, lasts)):
+            if bound is not None and bound[0] is not None:
+                stamp = timestamps.convert(bound[0], [bound[1]], tz=tz, year=result.year)[0]
+                if not pd.isna(stamp):
+                    out.append(stamp)
+    return (min(firsts) if firsts else None, max(lasts) if lasts else None)
+
+
+def _assemble(results: list[SourceResult], problems, notes, bounds: timewindow.Window, tz) -> LogScan:
     event_frames, batch_frames, access_frames, source_rows = [], [], [], []
     samples = {}
     for result in results:
@@ -178,22 +211,28 @@ def _assemble(results: list[SourceResult], problems, notes, since, until, tz) ->
         source_rows.append({
             "source": result.source.label, "format": result.fmt, "role": role, "host": default_host,
             "lines": result.lines_total, "lines_unknown": result.lines_unknown,
+            "lines_recognised": result.lines_recognised,
             "events": len(events), "batch_rows": len(batches),
             "access_lines": int(sum(result.access.values())),
         })
     events = _concat(event_frames, EVENT_COLUMNS)
     batches = _batches(batch_frames)
     access = _concat(access_frames, ACCESS_COLUMNS)
-    events = _window(events, "ts", since, until, tz)
-    batches = _window(batches, "ts", since, until, tz)
-    access = _window(access, "minute", since, until, tz)
+    span = _span(results, tz)
+    bounds = bounds.resolve(span[1])
+    untimed = int(events["ts"].isna().sum())
+    if untimed and not bounds.empty:
+        notes.append(f"{untimed} events carry no time (ts_source none); they are kept whatever the window")
+    events = _window(events, "ts", bounds)
+    batches = _window(batches, "ts", bounds)
+    access = _window(access, "minute", bounds)
     events = events.sort_values(["ts", "source", "line"], kind="stable", na_position="last").reset_index(drop=True)
     access = access.sort_values(["minute", "path"], kind="stable", na_position="last").reset_index(drop=True)
     sources = pd.DataFrame(source_rows, columns=["source", "format", "role", "host", "lines", "lines_unknown",
-                                                 "events", "batch_rows", "access_lines"])
+                                                 "lines_recognised", "events", "batch_rows", "access_lines"])
     events.attrs["problems"] = [str(p) for p in problems]
     return LogScan(events=events, batches=batches, access=access, sources=sources, problems=problems,
-                   notes=notes, unknown_samples=samples)
+                   notes=notes, unknown_samples=samples, window=bounds, span=span)
 
 
 def _concat(frames: list[pd.DataFrame], columns: dict[str, str]) -> pd.DataFrame:
@@ -203,48 +242,71 @@ def _concat(frames: list[pd.DataFrame], columns: dict[str, str]) -> pd.DataFrame
     return conform(pd.concat(frames, ignore_index=True), columns)
 
 
-def _window(frame: pd.DataFrame, column: str, since, until, tz: str) -> pd.DataFrame:
-    if since is None and until is None:
+def _window(frame: pd.DataFrame, column: str, bounds: timewindow.Window) -> pd.DataFrame:
+    """Rows inside the window; rows without a time stay (a window cannot place them)."""
+    if bounds.since is None and bounds.until is None:
         return frame
-    mask = pd.Series(True, index=frame.index)
-    if since is not None:
-        mask &= frame[column] >= _as_utc(since, tz)
-    if until is not None:
-        mask &= frame[column] <= _as_utc(until, tz)
-    return frame[mask.fillna(False)].reset_index(drop=True)
+    times = frame[column]
+    mask = times.isna().to_numpy()
+    inside = np.ones(len(frame), dtype=bool)
+    if bounds.since is not None:
+        inside &= (times >= bounds.since).fillna(False).to_numpy()
+    if bounds.until is not None:
+        inside &= (times <= bounds.until).fillna(False).to_numpy()
+    keep = mask | inside
+    if keep.all():
+        return frame
+    return frame[keep].reset_index(drop=True)
 
 
-def _as_utc(value, tz: str) -> pd.Timestamp:
-    stamp = pd.Timestamp(value)
-    if stamp.tzinfo is None:
-        stamp = stamp.tz_localize(tz)
-    return stamp.tz_convert("UTC")
+# Columns of an event dict that hold integers: built straight into nullable integer arrays
+# from Python ints, never through a float column (rooms are 63-bit and more).
+_EVENT_INT_COLUMNS = ("room", "line", "rank", "dp_rank", "pp_rank", "offset", "frame_line")
+_EVENT_TEXT_COLUMNS = ("ts_source", "host", "unit", "source", "signature", "severity", "step", "rid", "thread",
+                       "message", "raw", "frame_file", "frame_function")
+
+
+def _event_times(kinds: list, values: list, tz: str, year) -> pd.Series:
+    """Each event's time from its (kind, text) pair, converted in bulk per kind."""
+    n = len(kinds)
+    present = set(kinds)
+    present.discard(None)
+    if len(present) == 1 and None not in kinds:  # the common case: one kind of time for all
+        converted = timestamps.convert(next(iter(present)), values, tz=tz, year=year)
+        return pd.Series(converted.astype("datetime64[ns, UTC]"), index=range(n))
+    stamps = pd.Series(pd.NaT, index=range(n), dtype="datetime64[ns, UTC]")
+    for kind in present:
+        rows = [index for index, value in enumerate(kinds) if value == kind]
+        converted = timestamps.convert(kind, [values[i] for i in rows], tz=tz, year=year)
+        stamps.iloc[rows] = converted.astype("datetime64[ns, UTC]")
+    return stamps
 
 
 def _events_frame(result: SourceResult, role, explicit_role, default_host, tz) -> pd.DataFrame:
-    if not result.events:
+    from forensics.logs.eventcolumns import EVERY_EVENT_KEY as _EVERY_EVENT_KEY
+    from forensics.logs.eventcolumns import column_lists, int_array, text_array
+
+    events = result.events
+    if not events:
         return empty_frame(EVENT_COLUMNS)
-    frame = pd.DataFrame(result.events)
-    stamps = pd.Series(pd.NaT, index=frame.index, dtype="datetime64[ns, UTC]")
-    for kind, rows in frame.groupby("_ts_kind", dropna=True).groups.items():
-        converted = timestamps.convert(kind, list(frame.loc[rows, "_ts_value"]), tz=tz, year=result.year)
-        stamps.loc[rows] = converted.astype("datetime64[ns, UTC]")
-    frame.insert(0, "ts", stamps)
-    upper = pd.Series(pd.NaT, index=frame.index, dtype="datetime64[ns, UTC]")
-    if "_upper_kind" in frame.columns:
-        for kind, rows in frame.groupby("_upper_kind", dropna=True).groups.items():
-            converted = timestamps.convert(kind, list(frame.loc[rows, "_upper_value"]), tz=tz, year=result.year)
-            upper.loc[rows] = converted.astype("datetime64[ns, UTC]")
-        frame = frame.drop(columns=["_upper_kind", "_upper_value"])
-    frame["ts_upper"] = upper
-    frame = frame.drop(columns=["_ts_kind", "_ts_value"])
+    # Every event has the keys of an ordinary event; frame_* and _upper_* only some.
+    values = column_lists(events, ("_ts_kind", "_ts_value", "_upper_kind", "_upper_value")
+                          + _EVENT_INT_COLUMNS + _EVENT_TEXT_COLUMNS, every=_EVERY_EVENT_KEY)
+    columns: dict[str, object] = {
+        "ts": _event_times(values["_ts_kind"], values["_ts_value"], tz, result.year),
+        "ts_upper": _event_times(values["_upper_kind"], values["_upper_value"], tz, result.year),
+    }
+    for name in _EVENT_INT_COLUMNS:
+        columns[name] = int_array(values[name], EVENT_COLUMNS.get(name, "Int64"))
+    for name in _EVENT_TEXT_COLUMNS:
+        columns[name] = text_array(values[name])
+    frame = pd.DataFrame(columns)
     frame["host"] = frame["host"].fillna(default_host)
-    frame["role"] = explicit_role or None
-    if not explicit_role:
-        frame["role"] = [_role_of(u, role) for u in frame["unit"]]
-    for extra in ("frame_file", "frame_line", "frame_function"):
-        if extra not in frame.columns:
-            frame[extra] = None
+    if explicit_role:
+        frame["role"] = explicit_role
+    else:
+        roles = {unit: _role_of(unit, role) for unit in set(values["unit"])}
+        frame["role"] = [roles[unit] for unit in values["unit"]]
     return frame
 
 
@@ -254,7 +316,7 @@ def _batch_columns(frames: list[pd.DataFrame]) -> dict[str, str]:
     for frame in frames:
         present.update(frame.columns)
     for name in BATCH_COUNT_FIELDS:
-        columns[name] = "Int32"
+        columns[name] = "Int64"
     for name in BATCH_FLOAT_FIELDS:
         columns[name] = "float32"
     for name in BATCH_BOOL_FIELDS:
