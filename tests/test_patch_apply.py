@@ -67,10 +67,12 @@ def test_apply_keeps_a_verified_backup_and_the_mode(conn_file, original) -> None
     assert conn_file.read_text() == original
 
 
-def test_backup_dir_is_honoured(conn_file, tmp_path) -> None:
+def test_backup_dir_is_honoured(conn_file, original, tmp_path) -> None:
     backups = tmp_path / "backups"
     result = apply_file(conn_file, yes=True, backup_dir=backups)
-    assert result.backup.parent == backups
+    assert result.status == "applied"
+    assert result.backup.parent == backups and result.backup.read_text() == original
+    assert not list(conn_file.parent.glob("*backup*"))  # none beside the target
 
 
 def test_refuses_without_a_backup(conn_file, original, tmp_path) -> None:

@@ -9,6 +9,8 @@ well-formed room.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -75,8 +77,20 @@ def hostile_frames(template: list[bytes]) -> st.SearchStrategy[list[bytes]]:
     return mixed.filter(lambda frame: not _names_a_well_formed_room(frame))
 
 
-def fuzz_patched(version: str) -> FuzzSession:
+def hostile_class(frame: list[bytes]) -> str:
+    """What an UNPATCHED loop does with it: every class below kills some release's loop."""
+    if any(len(part) >= OVERSIZE_BYTES for part in frame):
+        return "oversize"
+    if frame[0] == b"ABORT":
+        return "abort"  # the GUARD assert of 0.5.13 - 0.5.15.post1
+    if frame[0] == GUARD:
+        return "guard-led"  # short or damaged transfer infos and registrations: IndexError, ValueError, ...
+    return "foreign"  # the GUARD assert of every release
+
+
+def fuzz_patched(version: str) -> tuple[FuzzSession, Counter]:
     source = fetch(version)
+    classes: Counter = Counter()
     patched, _ = patched_file_for(source, source.backend_file("nixl"))
     with EngineSandbox(source, conn_file=patched) as sandbox:
         session = FuzzSession(sandbox)
@@ -95,6 +109,7 @@ def fuzz_patched(version: str) -> FuzzSession:
                 if frame is WELL_FORMED:
                     session.send("well-formed", session.well_formed(pending.pop()))
                 else:
+                    classes[hostile_class(frame)] += 1
                     session.send("hostile", frame)
             session.send("well-formed", session.well_formed(pending.pop()))  # at least one per example
             assert session.settle(), session.tally.first_killing_frame
@@ -106,17 +121,20 @@ def fuzz_patched(version: str) -> FuzzSession:
             assert sandbox.exceptions() == []
         finally:
             session.close()
-    return session
+    return session, classes
 
 
 @pytest.mark.server
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("version", ["0.5.15", "0.5.23"])
 def test_patched_loop_survives_hostile_traffic(version: str) -> None:
-    session = fuzz_patched(version)
+    session, classes = fuzz_patched(version)
     tally = session.tally
     assert tally.deaths == 0 and tally.first_killing_frame is None
     assert tally.frames >= MIN_FRAMES_PER_RELEASE, tally.frames
     assert tally.by_kind["hostile"] > tally.by_kind["well-formed"] > 100
     assert len(tally.well_formed_rooms) == tally.by_kind["well-formed"]
-    print(f"sglang {version}: {tally.frames} frames, {tally.by_kind}")
+    # The strategies did send what kills the unpatched loops, each class many times over.
+    assert sum(classes.values()) == tally.by_kind["hostile"]
+    assert min(classes[c] for c in ("foreign", "abort", "guard-led")) >= 100 and classes["oversize"] >= 10, classes
+    print(f"sglang {version}: {tally.frames} frames, {tally.by_kind}, {dict(classes)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -351,8 +352,10 @@ def test_sandboxes_started_together_run_in_parallel_and_report_set_up_failures_l
     source = fetch("0.5.15")
     broken = tmp_path / "conn.py"
     broken.write_text("raise ImportError('this conn.py does not load')\n")
+    started = time.monotonic()
     unpatched = EngineSandbox(source, wait_ready=False)
     failing = EngineSandbox(source, conn_file=broken, wait_ready=False)
+    spawned = time.monotonic() - started
     try:
         with pytest.raises(SandboxError, match="this conn.py does not load"):
             failing.wait_ready()
@@ -360,6 +363,9 @@ def test_sandboxes_started_together_run_in_parallel_and_report_set_up_failures_l
             failing.create_rooms([1])
         assert unpatched.create_rooms([1]) == {1: BOOTSTRAPPING}
         assert unpatched.info["version"] == "0.5.15"
+        # Both children were loading at once: the constructors returned long before either was set up.
+        ready = time.monotonic() - started
+        assert spawned < ready / 4, (spawned, ready)
     finally:
         failing.close()
         unpatched.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -12,12 +13,13 @@ from forensics.exitcodes import EnvironmentProblem
 
 def test_fetch_keeps_checksum_and_only_srt():
     source = sglang_source.fetch("0.5.15")
-    assert len(source.sha256) == 64 and source.wheel_name.startswith("sglang-0.5.15-")
-    assert {p.name for p in (source.root / "sglang").iterdir()} <= {"_version.py", "srt", "version.py"}
+    assert re.fullmatch(r"[0-9a-f]{64}", source.sha256) and source.wheel_name.startswith("sglang-0.5.15-")
+    unpacked = {p.name for p in (source.root / "sglang").iterdir()}
+    assert "srt" in unpacked and unpacked <= {"_version.py", "srt", "version.py"}
     assert {"nixl", "mooncake", "mori", "ascend"} <= set(source.backends())
     assert source.backend_file("nixl").name == "conn.py"
     assert source.shared_file("common").is_file()
-    assert sglang_source.fetch("0.5.15") == source  # cached: same object data, no download
+    assert sglang_source.fetch("0.5.15", offline=True) == source  # cached: offline mode raises before any download
 
 
 def test_directory_copy_reports_its_version(tmp_path):

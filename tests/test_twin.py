@@ -13,6 +13,7 @@ from twin_helpers import (
     guard_line,
     kill_client_during_transfer_wait,
     py_spy_dump,
+    py_spy_threads,
     status_code,
     twin_state,
     wait_until,
@@ -56,8 +57,38 @@ async def _stream_all(router: str, count: int) -> list[dict]:
         return await asyncio.gather(*(one(session, i) for i in range(count)))
 
 
+def _transfers_counted(prefill: str) -> int:
+    """The prefill's ``sglang:kv_transfer_latency_ms_count`` (one sample per KV transfer)."""
+    metrics = httpx.get(prefill + "/metrics").text
+    found = re.search(r'^sglang:kv_transfer_latency_ms_count\{engine_type="prefill"[^}]*\} (\d+(?:\.\d+)?)$',
+                      metrics, re.M)
+    assert found, metrics[-2000:]
+    return int(float(found.group(1)))
+
+
+def _abort_rooms(decode_log: str) -> list[str]:
+    return re.findall(r"Sent abort notification for room (\d+) to ", decode_log)
+
+
+def _wedge(twin) -> str:
+    """Kill a client mid-transfer on an unpatched vulnerable twin until its bootstrap thread is dead; the room."""
+    before = _abort_rooms(twin.log_text("decode"))
+    kill_client_during_transfer_wait(twin)
+    wait_until(lambda: twin_state(twin.prefill)["bootstrap_thread_alive"] is False, 20,
+               "the prefill's bootstrap thread to die")
+    after = _abort_rooms(twin.log_text("decode"))
+    assert after[: len(before)] == before and len(after) == len(before) + 1, (before, after)
+    return after[-1]
+
+
+BOOTSTRAP_THREAD = "Thread-1 (bootstrap_thread)"  # threading's name for the release's loop, as py-spy prints it
+
+
 @pytest.mark.timeout(180)
 def test_fifty_concurrent_streams_complete_with_kv_bytes_intact(vulnerable):
+    intact_before = twin_state(vulnerable.decode)["counters"]["kv_intact"]
+    transfers_before = _transfers_counted(vulnerable.prefill)
+    log_before = len(vulnerable.log_text("prefill"))
     results = asyncio.run(_stream_all(vulnerable.router, 50))
     assert [r["tokens"] for r in results] == [5] * 50
     assert all(r["kv_intact"] is True for r in results)
@@ -65,25 +96,32 @@ def test_fifty_concurrent_streams_complete_with_kv_bytes_intact(vulnerable):
     for r in results:  # 256 synthetic KV bytes per prompt token, one token per 4 bytes of text
         assert r["kv_bytes"] == 256 * -(-len(f"request {r['index']} " * 8) // 4)
     counters = twin_state(vulnerable.decode)["counters"]
-    assert counters["kv_intact"] >= 50 and counters["kv_mismatch"] == 0
-    prefill_log = vulnerable.log_text("prefill")
-    assert re.search(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] Prefill batch, #new-seq: \d+, #new-token: \d+", prefill_log, re.M)
-    assert "#bootstrap-req: " in prefill_log
-    metrics = httpx.get(vulnerable.prefill + "/metrics").text
-    assert re.search(r'sglang:kv_transfer_latency_ms_count\{engine_type="prefill".*\} (\d+)', metrics)
+    assert counters["kv_intact"] - intact_before == 50 and counters["kv_mismatch"] == 0
+    prefill_log = vulnerable.log_text("prefill")[log_before:]
+    batches = re.findall(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] Prefill batch, #new-seq: (\d+), #new-token: \d+, .*"
+                         r"#bootstrap-req: \d+, #inflight-req: \d+, ", prefill_log, re.M)
+    assert sum(int(n) for n in batches) == 50, batches  # each stream in exactly one logged prefill batch
+    # One transfer per stream reached the prefill's latency histogram (not just a series at 0).
+    assert _transfers_counted(vulnerable.prefill) - transfers_before == 50
 
 
 @pytest.mark.timeout(180)
 def test_killed_client_kills_the_bootstrap_thread_and_health_stays_200(vulnerable):
-    kill_client_during_transfer_wait(vulnerable)
-    wait_until(lambda: twin_state(vulnerable.prefill)["bootstrap_thread_alive"] is False, 20,
-               "the prefill's bootstrap thread to die")
+    state = twin_state(vulnerable.prefill)
+    assert state["bootstrap_thread_alive"] is True  # what the kill below changes
+    before = py_spy_threads(vulnerable.pid("prefill"))
+    # Before the wedge the dump shows the loop blocked in its receive, under the name py-spy prints.
+    assert {"MainThread", BOOTSTRAP_THREAD} <= set(before), before
+    assert any(frame.startswith("NixlKVManager._start_bootstrap_thread.<locals>.bootstrap_thread (nixl/conn.py:")
+               for frame in before[BOOTSTRAP_THREAD]), before[BOOTSTRAP_THREAD]
+    room = _wedge(vulnerable)
     decode_log = vulnerable.log_text("decode")
-    failed = re.search(r"Decode transfer failed for request rank=0 .* decode_req\.req\.bootstrap_room=(\d+) with "
-                       r"exception KVTransferError\(bootstrap_room=\1\): Aborted by AbortReq\.", decode_log)
+    failed = re.search(rf"Decode transfer failed for request rank=0 .* decode_req\.req\.bootstrap_room={room} with "
+                       rf"exception KVTransferError\(bootstrap_room={room}\): Aborted by AbortReq\.", decode_log)
     assert failed, decode_log[-2000:]
-    room = failed.group(1)
-    assert re.search(rf"Sent abort notification for room {room} to 127\.0\.0\.1:\d+", decode_log)
+    # The ABORT went to this prefill's PULL socket (the loop's only input).
+    port = state["zmq_endpoint"].rsplit(":", 1)[1]
+    assert re.search(rf"^\[[^\]]+\] Sent abort notification for room {room} to 127\.0\.0\.1:{port}$", decode_log, re.M)
     conn_py = vulnerable.nixl_conn()
     prefill_log = vulnerable.log_text("prefill")
     assert re.search(r"^Exception in thread Thread-\d+ \(bootstrap_thread\):$", prefill_log, re.M)
@@ -98,34 +136,57 @@ def test_killed_client_kills_the_bootstrap_thread_and_health_stays_200(vulnerabl
         assert status_code(base + "/health") == 200
         assert status_code(base + "/health_generate") == 200
     assert httpx.get(vulnerable.bootstrap + "/health").text == "OK"
-    dump = py_spy_dump(vulnerable.pid("prefill"))
-    assert "transfer_worker" in dump or "Thread" in dump
-    assert "bootstrap_thread" not in dump
+    # The process is up and serving, but the loop's thread is gone from it: every other thread is still there.
+    after = py_spy_threads(vulnerable.pid("prefill"))
+    assert BOOTSTRAP_THREAD not in after, after
+    assert set(before) - {BOOTSTRAP_THREAD} <= set(after), (before, after)
+    assert {name for name in after if not name.startswith("transfer_worker_")} == {"MainThread"}, after
+    assert "bootstrap_thread" not in py_spy_dump(vulnerable.pid("prefill"))  # not even as a frame of another
 
 
 @pytest.mark.timeout(180)
 def test_restart_prefill_recovers(vulnerable, leak_guard):
+    if twin_state(vulnerable.prefill)["bootstrap_thread_alive"]:  # run alone: wedge it first
+        _wedge(vulnerable)
+    assert twin_state(vulnerable.prefill)["bootstrap_thread_alive"] is False  # there is something to recover from
+    old_pid = vulnerable.pid("prefill")
     vulnerable.restart("prefill")
     leak_guard.allow(vulnerable.pid("prefill"))  # the module fixture's twin, stopped at its teardown
-    assert twin_state(vulnerable.prefill)["bootstrap_thread_alive"] is True
+    assert vulnerable.pid("prefill") != old_pid
+    state = twin_state(vulnerable.prefill)
+    assert state["bootstrap_thread_alive"] is True and state["frames_consumed"] == 0
     response = httpx.post(vulnerable.router + "/generate", json={"text": "after restart", "sampling_params":
                                                                  {"max_new_tokens": 3}}, timeout=30)
     assert response.status_code == 200
-    assert response.json()["meta_info"]["kv_intact"] is True
+    meta = response.json()["meta_info"]
+    assert meta["kv_intact"] is True and meta["completion_tokens"] == 3
+    # The new loop bootstrapped it: the decode's registration and this room's transfer info.
+    state = twin_state(vulnerable.prefill)
+    assert state["frames_consumed"] == 2 and state["bootstrap_thread_alive"] is True
+    assert f"room={meta['bootstrap_room']} is bootstrapped" in vulnerable.log_text("prefill")
 
 
 @pytest.mark.timeout(180)
 def test_patching_only_the_twins_conn_py_then_restart_changes_the_outcome(vulnerable, leak_guard):
     from patched_engine.apply import apply_file
 
-    apply_file(vulnerable.nixl_conn(), yes=True, backup_dir=vulnerable.directory / "backups", release="0.5.15")
+    applied = apply_file(vulnerable.nixl_conn(), yes=True, backup_dir=vulnerable.directory / "backups",
+                         release="0.5.15")
+    assert applied.status == "applied"
     vulnerable.restart("prefill")
     leak_guard.allow(vulnerable.pid("prefill"))
+    deaths_before = vulnerable.log_text("prefill").count("Exception in thread ")
+    aborts_before = _abort_rooms(vulnerable.log_text("decode"))
     kill_client_during_transfer_wait(vulnerable)
-    aborts = len(re.findall(r"Sent abort notification for room", vulnerable.log_text("decode")))
-    assert aborts >= 2
+    aborts = _abort_rooms(vulnerable.log_text("decode"))
+    assert aborts[: len(aborts_before)] == aborts_before and len(aborts) == len(aborts_before) + 1
+    room = aborts[-1]
+    # The ABORT reached the patched loop, which failed the room and went on.
+    wait_until(lambda: f"Received abort notification for room {room}, marked as Failed" in
+               vulnerable.log_text("prefill"), 20, "the patched loop to take the ABORT")
     response = httpx.post(vulnerable.router + "/generate", json={"text": "still serving", "sampling_params":
                                                                  {"max_new_tokens": 3}}, timeout=30)
     assert response.status_code == 200 and response.json()["meta_info"]["kv_intact"] is True
     assert twin_state(vulnerable.prefill)["bootstrap_thread_alive"] is True
-    assert vulnerable.log_text("prefill").count("Foreign traffic?") == 1  # only the first, unpatched death
+    prefill_log = vulnerable.log_text("prefill")
+    assert prefill_log.count("Exception in thread ") == deaths_before  # no thread died after the patch

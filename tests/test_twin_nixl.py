@@ -34,7 +34,7 @@ DECODE_SIDE = textwrap.dedent(
 
 @pytest.mark.timeout(120)
 def test_kv_pages_cross_processes_intact_with_sglang_tags():
-    room, nbytes = 424242, 3 * 4096 + 100
+    room, nbytes = 7461092837465012345, 3 * 4096 + 100  # a real 63-bit room (float64 would round it)
     pages = [7, 3, 50, 12]
     child = subprocess.Popen(
         [sys.executable, "-c", DECODE_SIDE, str(room), str(nbytes), ",".join(map(str, pages))],
@@ -64,8 +64,11 @@ def test_kv_pages_cross_processes_intact_with_sglang_tags():
 
 
 def test_payload_is_deterministic_per_room():
-    assert np.array_equal(nx.kv_payload(5, 100), nx.kv_payload(5, 100))
-    assert not np.array_equal(nx.kv_payload(5, 100), nx.kv_payload(6, 100))
-    assert nx.kv_tag(9, 2, False, 1) == b"9_kv_2_0_1"
-    assert nx.aux_tag(9) == b"9_aux"
+    room = 7461092837465012345  # float64 cannot tell it from its neighbours; the payload must
+    assert np.array_equal(nx.kv_payload(room, 100), nx.kv_payload(room, 100))
+    for other in (room + 1, room - 1, 2**63 - 1, 2**63):
+        assert not np.array_equal(nx.kv_payload(room, 100), nx.kv_payload(other, 100)), other
+    assert not np.array_equal(nx.kv_payload(2**63 - 1, 100), nx.kv_payload(2**63, 100))
+    assert nx.kv_tag(room, 2, False, 1) == b"7461092837465012345_kv_2_0_1"
+    assert nx.aux_tag(2**64 - 1) == b"18446744073709551615_aux"
     assert nx.pages_for(4097) == 2 and nx.pages_for(0) == 1

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -40,23 +42,41 @@ def _send_foreign_frame(twin) -> int:
 def test_fixed_release_survives_the_kill_and_down_leaves_nothing(tmp_path, leak_guard):
     twin = twin_api.up("0.5.16", waiting_timeout=15, directory=tmp_path, **TEST_SETTINGS)
     pids = [twin.pid(role) for role in processes.ROLE_ORDER]
+
+    def processes_of_the_twin() -> list[int]:
+        """Every process in the twin's sessions (each role starts its own; its title hides the command line)."""
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if os.getsid(proc.pid) in pids and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc.pid)
+            except (OSError, psutil.Error):
+                pass
+        return sorted(found)
+
     try:
+        # What down must remove is there and findable (so the checks after down can fail).
+        assert all(processes.alive(pid) for pid in pids)
+        assert processes_of_the_twin() == sorted(pids)
+        assert sorted(p.name for p in twin.directory.glob("*.pid")) == ["decode.pid", "prefill.pid", "router.pid"]
         kill_client_during_transfer_wait(twin)
-        assert "Sent abort notification for room" in twin.log_text("decode")
+        [room] = re.findall(r"Sent abort notification for room (\d+) to ", twin.log_text("decode"))
+        # The ABORT reached the prefill's loop, which failed that room with 0.5.16's own handler and went on.
+        wait_until(lambda: f"Received abort notification for room {room}, marked as Failed" in twin.log_text("prefill"),
+                   10, "the prefill to take the ABORT")
         response = httpx.post(twin.router + "/generate", json={"text": "after the kill", "sampling_params":
                                                                {"max_new_tokens": 2}}, timeout=30)
         assert response.status_code == 200 and response.json()["meta_info"]["kv_intact"] is True
         assert twin_state(twin.prefill)["bootstrap_thread_alive"] is True
-        assert "Foreign traffic?" not in twin.log_text("prefill")
+        prefill_log = twin.log_text("prefill")
+        assert "Foreign traffic?" not in prefill_log and "Exception in thread" not in prefill_log
     finally:
         stopped = twin.down()
     assert stopped == ["router", "decode", "prefill"]
     assert not any(psutil.pid_exists(pid) and processes.alive(pid) for pid in pids)
-    inventory = str(twin.inventory_path)
-    survivors = [p.pid for p in psutil.process_iter(["cmdline"]) if inventory in " ".join(p.info["cmdline"] or [])]
-    assert survivors == []
+    assert processes_of_the_twin() == []
     # (other suites on this machine may reuse the freed ports at once, so a port check proves nothing)
-    assert all(not list(twin.directory.glob(f"{role}.pid")) for role in processes.ROLE_ORDER)
+    assert not list(twin.directory.glob("*.pid"))
 
 
 @pytest.mark.timeout(180)
@@ -68,7 +88,10 @@ def test_release_0_5_23_foreign_frame(tmp_path, patched):
         log = twin.log_text("prefill")
         if patched:
             assert twin_state(twin.prefill)["bootstrap_thread_alive"] is True
-            assert "Foreign traffic?" not in log
+            assert "Foreign traffic?" not in log and "Exception in thread" not in log
+            # The patched loop took the frame and said so (the codemod's warning), naming what it dropped.
+            wait_until(lambda: "Dropping a message on the bootstrap socket whose first part is b'FOREIGN' (2 parts)"
+                       in twin.log_text("prefill"), 10, "the patched loop's warning")
         else:
             wait_until(lambda: twin_state(twin.prefill)["bootstrap_thread_alive"] is False, 10, "the thread to die")
             log = twin.log_text("prefill")
@@ -122,10 +145,20 @@ def test_cli_up_status_down_json(tmp_path):
         report = json.loads(status.stdout)
         assert status.returncode == 0 and report["healthy"] is True
         assert report["roles"]["prefill"]["bootstrap_thread_alive"] is True
+        assert {role: entry["pid"] for role, entry in report["roles"].items()} == data["pids"]
+        assert all(processes.alive(pid) for pid in data["pids"].values())
     finally:
         down = subprocess.run([*forensics, "twin", "down", "--inventory", data["inventory"], "--json"],
                               capture_output=True, text=True, timeout=60)
-    assert json.loads(down.stdout)["stopped"] == ["router", "decode", "prefill"]
+    stopped = json.loads(down.stdout)
+    assert down.returncode == 0 and stopped["exit"] == 0, down.stdout + down.stderr
+    assert stopped["stopped"] == ["router", "decode", "prefill"]
+    assert not any(processes.alive(pid) for pid in data["pids"].values())
     bad = subprocess.run([*forensics, "twin", "up", "--sglang", "0.5.1", "--backend", "mooncake", "--dir",
                           str(tmp_path / "bad"), "--json"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 4 and "NIXL backend only" in bad.stderr and bad.stdout == ""
+    # The exit contract: 4 (environment), one line on stderr, and with --json one document on stdout.
+    assert bad.returncode == 4, bad.stderr
+    assert len(bad.stderr.splitlines()) == 1 and "NIXL backend only (got --backend mooncake)" in bad.stderr
+    error = json.loads(bad.stdout)
+    assert (error["status"], error["exit"], error["kind"]) == ("error", 4, "TwinError")
+    assert "NIXL backend only (got --backend mooncake)" in error["error"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -63,6 +64,24 @@ def py_spy_dump(pid: int) -> str:
     result = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+PY_SPY_THREAD = re.compile(r'^Thread (?:0x)?[0-9A-Fa-f]+ \([^)]*\): "(?P<name>[^"]*)"$')
+
+
+def py_spy_threads(pid: int) -> dict[str, list[str]]:
+    """Thread name (as py-spy prints it) -> its stack, innermost frame first, from one ``py-spy dump``."""
+    threads: dict[str, list[str]] = {}
+    frames: list[str] | None = None
+    for line in py_spy_dump(pid).splitlines():
+        header = PY_SPY_THREAD.match(line)
+        if header:
+            assert header["name"] not in threads, f"two threads named {header['name']!r}"
+            frames = threads[header["name"]] = []
+        elif frames is not None and line.startswith("    "):
+            frames.append(line.strip())
+    assert threads, "py-spy printed no thread"
+    return threads
 
 
 def guard_line(conn_py: Path) -> int:
