@@ -8,33 +8,16 @@ holds exactly one JSON document on every exit, with ``status`` and ``exit`` on t
 
 from __future__ import annotations
 
-import io
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-from forensics.cli import main
 from forensics.exitcodes import ExitStatus
+from tests.cli_helpers import invoke
 
 ROOM = 7461092837465012345
-
-
-def invoke(*args: str) -> tuple[int, str, str]:
-    out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.StringIO()
-    saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = out, err
-    try:
-        main(list(args))
-        status = 0
-    except SystemExit as exit_:
-        status = exit_.code
-    finally:
-        sys.stdout, sys.stderr = saved
-    out.flush()
-    return status, out.buffer.getvalue().decode("utf-8"), err.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +39,9 @@ def files(tmp_path_factory):
     empty_dir.mkdir()
     return {"log": str(log), "noise": str(noise), "missing": str(root / "missing.log"),
             "not_twin": str(not_twin), "missing_toml": str(root / "missing.toml"), "empty_dir": str(empty_dir),
-            "unwritable": "/proc/pd-forensics-cannot-write/out.csv", "missing_conn": str(root / "nope" / "conn.py")}
+            "unwritable": "/proc/pd-forensics-cannot-write/out.csv", "missing_conn": str(root / "nope" / "conn.py"),
+            "unwritable_png": "/proc/pd-forensics-cannot-write/m.png", "unwritable_dir": "/proc/pd-forensics-cannot-write",
+            "missing_dir": str(root / "missing-tree")}
 
 
 # (command line with {placeholders}, expected status, text stderr must hold (None: nothing in particular))
@@ -76,7 +61,12 @@ CASES = [
     ("patch apply --file {missing_conn}", 4, "conn.py"),
     # handlers
     ("handlers check", 2, "--source"),
+    ("handlers check --source {missing_dir}", 4, "missing-tree"),
     ("handlers diff --sglang {empty_dir}", 4, "empty"),
+    ("handlers matrix --from 0.5.99 --to 0.5.99", 2, "no sglang release"),
+    ("handlers matrix --from 0.5.15 --to 0.5.15 --png {unwritable_png}", 4, "pd-forensics-cannot-write"),
+    ("patch verify --sglang {empty_dir}", 4, "empty"),
+    ("patch verify --sglang 0.5.99", 4, "0.5.99"),
     # twin
     ("twin status --inventory {missing_toml}", 4, "missing.toml"),
     ("twin status --inventory {not_twin}", 4, "live.toml"),
@@ -85,6 +75,7 @@ CASES = [
     ("twin status", 2, "--inventory"),
     # demo
     ("demo --no-such-option", 2, "no-such-option"),
+    ("demo --dir {unwritable_dir}", 4, "pd-forensics-cannot-write"),
 ]
 
 

@@ -20,6 +20,7 @@ from forensics.handlers import diff, map_release
 from forensics.handlers.findings import FRAGILE, UNHANDLED
 from forensics.handlers.model import DIES, DROPPED_WARNING, HANDLED, PREFILL
 from forensics.sglang_source import fetch
+from tests.handler_helpers import copy_release_tree as _copy_tree
 
 BOUNDARY = ["0.5.1", "0.5.9", "0.5.12.post1", "0.5.13", "0.5.15.post1", "0.5.16", "0.5.18", "0.5.19", "0.5.21",
             "0.5.22", "0.5.23"]
@@ -155,17 +156,6 @@ def test_0_5_23_nixl_still_dies_on_unknown_tags():
     mooncake_bootstrap = [d for d in handler_map.backend("mooncake").deliveries if d.message.tag == "BOOTSTRAP"]
     assert mooncake_bootstrap[0].outcome.fate == HANDLED
     assert "_make_worker_recv" in mooncake_bootstrap[0].outcome.detail
-
-
-def _copy_tree(version: str, destination: Path) -> Path:
-    """The release's disaggregation package (and version.py) copied where a test may edit it."""
-    import shutil
-
-    source = fetch(version)
-    target = destination / "sglang" / "srt" / "disaggregation"
-    shutil.copytree(source.disaggregation, target, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(source.root / "sglang" / "version.py", destination / "sglang" / "version.py")
-    return target
 
 
 @pytest.mark.timeout(120)

@@ -33,6 +33,7 @@ from forensics.handlers.model import (
 )
 from forensics.handlers.release_matrix import COLUMNS, HandlerMatrix, matrix_backends, matrix_row
 from forensics.sglang_source import fetch, from_directory
+from tests.handler_helpers import copy_release_tree as _copy_tree
 
 CONFLICT = (
     "<<<<<<< HEAD\n"
@@ -41,15 +42,6 @@ CONFLICT = (
     "PD_FORK_BOOTSTRAP_TIMEOUT = 600\n"
     ">>>>>>> fork/longer-bootstrap-timeout\n"
 )
-
-
-def _copy_tree(version: str, destination: Path) -> Path:
-    """The release's disaggregation package (and version.py) copied where a test may edit it."""
-    source = fetch(version)
-    target = destination / "sglang" / "srt" / "disaggregation"
-    shutil.copytree(source.disaggregation, target, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(source.root / "sglang" / "version.py", destination / "sglang" / "version.py")
-    return target
 
 
 def _leave_conflict(conn: Path, before: str) -> int:

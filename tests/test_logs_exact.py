@@ -9,10 +9,7 @@ HTML and the terminal table.
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -22,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import forensics as fx
-from forensics.cli import main
 from forensics.logs import incident as gen
 from forensics.logs import scanner
+from tests.cli_helpers import invoke
 
 ROOM = 7461092837465012345  # float64 makes this 7461092837465012224
 NEAR_TOP = [2**63 - 1, 2**63, 2**63 + 1, 2**64 - 1]
@@ -40,30 +37,6 @@ def roomless_line(second: int = 0) -> str:
     return (f"[2025-07-01 12:00:{second:02d} DP0 TP0] Some requests fail to receive KV Cache transfer done signal "
             "after bootstrapping. If a greater mean TTFT is acceptable, you can 'export "
             "SGLANG_DISAGGREGATION_WAITING_TIMEOUT=600' (10 minutes) to relax the timeout condition.")
-
-
-def invoke(*args: str, columns: int | None = None) -> tuple[int, str, str]:
-    """The CLI in this process: (status, stdout, stderr)."""
-    out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.StringIO()
-    saved = sys.stdout, sys.stderr
-    saved_columns = os.environ.get("COLUMNS")
-    if columns:
-        os.environ["COLUMNS"] = str(columns)
-    sys.stdout, sys.stderr = out, err
-    try:
-        main(list(args))
-        status = 0
-    except SystemExit as exit_:
-        status = exit_.code
-    finally:
-        sys.stdout, sys.stderr = saved
-        if columns:
-            if saved_columns is None:
-                os.environ.pop("COLUMNS", None)
-            else:
-                os.environ["COLUMNS"] = saved_columns
-    out.flush()
-    return status, out.buffer.getvalue().decode("utf-8"), err.getvalue()
 
 
 def write_files(directory: Path, groups: list[list[int | None]]) -> list[Path]:
@@ -163,6 +136,17 @@ def test_random_rooms_survive_every_output(groups):
 # ------------------------------------------------------------------ batch counters
 
 
+def scan_batches(path: Path, compiled: bool) -> pd.DataFrame:
+    """The batch frame through the compiled scanner or the pure-Python one."""
+    saved = scanner._fastscan
+    if not compiled:
+        scanner._fastscan = None
+    try:
+        return fx.logs.scan(path).batches
+    finally:
+        scanner._fastscan = saved
+
+
 def batch_lines(new_token: int, iteration: int, bootstrap: int) -> list[str]:
     return [f"[2025-07-01 12:00:0{i} TP0] " + gen.prefill_batch_line("0.5.15", 1, new_token + i, 0, 0, bootstrap + i, 0,
                                                                      10.0, iteration=iteration + i)
@@ -174,13 +158,7 @@ def batch_lines(new_token: int, iteration: int, bootstrap: int) -> list[str]:
 def test_batch_counters_are_exact_int64(tmp_path, compiled, value):
     path = tmp_path / "prefill.log"
     path.write_text("\n".join(batch_lines(value, value, value)) + "\n")
-    saved = scanner._fastscan
-    if not compiled:
-        scanner._fastscan = None
-    try:
-        batches = fx.logs.scan(path).batches
-    finally:
-        scanner._fastscan = saved
+    batches = scan_batches(path, compiled)
     for column in ("new_token", "iter", "bootstrap_req"):
         assert str(batches[column].dtype) == "Int64", column
         assert [int(v) for v in batches[column]] == [value, value + 1, value + 2], column
@@ -196,13 +174,7 @@ def test_odd_counter_texts_are_read_as_written(tmp_path, compiled):
     lines = [base.format(i=0)] + [base.format(i=i).replace(old, new) for i, (old, new, _, _) in enumerate(odd, 1)]
     path = tmp_path / "prefill.log"
     path.write_text("\n".join(lines) + "\n")
-    saved = scanner._fastscan
-    if not compiled:
-        scanner._fastscan = None
-    try:
-        batches = fx.logs.scan(path).batches
-    finally:
-        scanner._fastscan = saved
+    batches = scan_batches(path, compiled)
     assert len(batches) == 4
     for row, (_, _, column, expected) in enumerate(odd, 1):
         value = batches[column].iloc[row]

@@ -238,3 +238,14 @@ def test_finding_classes_cover_known_signatures_once():
 
     serious = {s.id for s in event_signatures() if s.severity in ("critical", "error")}
     assert serious <= set(claimed), serious - set(claimed)
+
+
+def test_journalctl_output_piped_into_logs_dash(tmp_path):
+    """`journalctl ... | forensics logs -`: read from standard input, judged like a file."""
+    incident = gen.generate("0.5.15", steady_seconds=20, after_seconds=320)
+    text = gen.write_journal_text(incident, tmp_path / "journal.txt", style="short-iso").read_text()
+    done = run_cli("logs", "-", "--json", stdin=text)
+    assert done.returncode == 1, done.stderr
+    document = json.loads(done.stdout)
+    assert document["sources"][0]["source"] == "<stdin>" and document["sources"][0]["format"] == "short-iso"
+    assert document["summary"]["facts"]["trigger"]["room"] == str(incident.trigger_room)

@@ -1,0 +1,17 @@
+"""Editable copies of a release's disaggregation package, for tests that build forks."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from forensics.sglang_source import fetch
+
+
+def copy_release_tree(version: str, destination: Path) -> Path:
+    """The release's disaggregation package (and version.py) copied where a test may edit it."""
+    source = fetch(version)
+    target = destination / "sglang" / "srt" / "disaggregation"
+    shutil.copytree(source.disaggregation, target, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(source.root / "sglang" / "version.py", destination / "sglang" / "version.py")
+    return target
