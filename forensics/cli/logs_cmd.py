@@ -81,7 +81,7 @@ def command(paths, since, until, last, tz, role, host, year, fmt, show_all, as_j
     if result.lines_total == 0 and any(p.unreadable for p in result.problems):
         raise EnvironmentProblem("nothing readable: " + "; ".join(str(p) for p in result.problems))
     assessment = result.assess()
-    events = result.events if show_all else result.important("warning")
+    events = result.events if show_all else result.important("warning", JSON_EVENT_COLUMNS)
 
     def document() -> dict:
         from forensics.jsonable import frame_json

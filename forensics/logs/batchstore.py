@@ -131,6 +131,9 @@ class BatchStore:
                 else:
                     full[offset + positions] = piece
             columns[name] = _typed(name, full)
+            # The pieces just freed are many small heap blocks that glibc keeps unless asked:
+            # hand them back now, so the peak is about one copy of the data, not two.
+            _release_freed_memory()
         return pd.DataFrame(columns, copy=False)
 
     def _categorical(self, name: str, n: int) -> pd.Categorical:
@@ -144,6 +147,23 @@ class BatchStore:
             codes = np.where(codes == none_code, -1, codes - (codes > none_code)).astype(np.int16)
             categories.remove(None)
         return pd.Categorical.from_codes(codes, categories=categories)
+
+
+def _libc_malloc_trim():
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return None
+
+
+_MALLOC_TRIM = _libc_malloc_trim()
+
+
+def _release_freed_memory() -> None:
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def _is_integer(name: str) -> bool:
@@ -167,10 +187,10 @@ def _all_missing(values: np.ndarray) -> bool:
 def _typed(name: str, values: np.ndarray):
     if _is_integer(name):
         missing = values == MISSING
-        data = np.where(missing, 0, values)
+        values[missing] = 0  # in place: the column is ours, a copy would double its peak
         if name in RANK_SET:
-            return pd.arrays.IntegerArray(data.astype(np.int32), missing)
-        return pd.arrays.IntegerArray(data, missing)
+            return pd.arrays.IntegerArray(values.astype(np.int32), missing)
+        return pd.arrays.IntegerArray(values, missing)
     missing = np.isnan(values)
     if name in BOOL_SET:
         return pd.arrays.BooleanArray(values == 1.0, missing)

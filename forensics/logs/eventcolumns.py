@@ -22,12 +22,12 @@ EVERY_EVENT_KEY = ("_ts_kind", "_ts_value", "ts_source", "host", "unit", "source
                    "step", "room", "rid", "rank", "dp_rank", "pp_rank", "thread", "message", "raw", "offset")
 
 
-def column_lists(events: Sequence[dict], names: Sequence[str], every: Sequence[str] = ()) -> dict[str, list]:
-    """``{name: [event.get(name) for event in events]}`` for every name, in few passes.
+def column_lists(events: Sequence[dict], names: Sequence[str], every: Sequence[str] = ()) -> dict[str, Sequence]:
+    """``{name: [event.get(name) for event in events]}`` (lists or tuples) for every name, in few passes.
 
     ``every`` names the keys that each event holds: those are read together, one C pass.
     """
-    columns: dict[str, list] = {}
+    columns: dict[str, Sequence] = {}
     every = [name for name in every if name in names]
     if every:
         try:
@@ -38,30 +38,27 @@ def column_lists(events: Sequence[dict], names: Sequence[str], every: Sequence[s
             if len(every) == 1:
                 columns[every[0]] = rows
             else:
-                for name, values in zip(every, zip(*rows)):
-                    columns[name] = list(values)
+                columns.update(zip(every, zip(*rows)))  # tuples: read, never changed
     for name in names:
         if name not in columns:
             columns[name] = [event.get(name) for event in events]
     return columns
 
 
-def int_array(values: list, dtype: str) -> pd.api.extensions.ExtensionArray:
+def int_array(values: Sequence, dtype: str) -> pd.api.extensions.ExtensionArray:
     """A nullable integer array (``Int64``, ``UInt64``) from Python ints and None, exactly."""
     numpy_type = _NUMPY_INT.get(dtype)
     if numpy_type is None or not set(map(type, values)) <= _INT_OR_NONE:
-        return pd.array(values, dtype=dtype)  # anything unusual: pandas' own checks
+        return pd.array(list(values), dtype=dtype)  # anything unusual: pandas' own checks
     data = np.array(values, dtype=object)
     mask = np.equal(data, None)
     if mask.all():
         return pd.arrays.IntegerArray(np.zeros(len(values), dtype=numpy_type), mask)
-    if mask.any():
-        data[mask] = 0
-        # object -> integer converts each Python int exactly (OverflowError if out of range).
-        return pd.arrays.IntegerArray(data.astype(numpy_type), mask)
+    data[mask] = 0
+    # object -> integer converts each Python int exactly (OverflowError if out of range).
     return pd.arrays.IntegerArray(data.astype(numpy_type), mask)
 
 
-def text_array(values: list) -> pd.api.extensions.ExtensionArray:
+def text_array(values: Sequence) -> pd.api.extensions.ExtensionArray:
     """A ``string`` array from str and None."""
     return pd.array(np.array(values, dtype=object), dtype="string")

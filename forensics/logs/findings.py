@@ -245,14 +245,16 @@ def _find(cls: FindingClass, scan) -> Finding | None:
     if cls.derived == "bootstrap_queue_growth":
         return _bootstrap_queue_growth(cls, scan.batches)
     events = scan.events
-    rows = events[events["signature"].isin(cls.signatures)] if cls.signatures else events.iloc[:0]
+    columns = [c for c in EVIDENCE_COLUMNS if c in events.columns]
+    mask = events["signature"].isin(cls.signatures).to_numpy() if cls.signatures else np.zeros(len(events), bool)
+    rows = events.loc[mask, columns]
     extra = None
     if cls.derived == "health_access_errors":
         extra = _health_access_errors(scan.access)
     count = len(rows) + (int(extra["count"].sum()) if extra is not None else 0)
     if count == 0:
         return None
-    evidence = rows[[c for c in EVIDENCE_COLUMNS if c in rows.columns]].reset_index(drop=True)
+    evidence = rows.reset_index(drop=True)
     times = rows["ts"].dropna()
     first = times.min() if len(times) else None
     last = times.max() if len(times) else None
@@ -281,7 +283,9 @@ def _bootstrap_queue_growth(cls: FindingClass, batches: pd.DataFrame) -> Finding
     needed = {"kind", "new_seq", "new_token", "bootstrap_req", "ts"}
     if not len(batches) or not needed.issubset(batches.columns):
         return None
-    prefill = batches[(batches["kind"] == "prefill").to_numpy()]
+    wanted = [c for c in ("ts", "source", "host", "dp_rank", "tp_rank", "new_seq", "new_token", "bootstrap_req")
+              if c in batches.columns]  # not the whole frame: it has millions of rows
+    prefill = batches.loc[(batches["kind"] == "prefill").to_numpy(), wanted]
     if not len(prefill):
         return None
     keys = [c for c in ("source", "host", "dp_rank", "tp_rank") if c in prefill.columns]

@@ -99,7 +99,9 @@ def summarise(scan) -> Summary:
     if rooms:
         shown = ", ".join(str(r) for r in rooms[:10]) + (" ..." if len(rooms) > 10 else "")
         sentences.append(f"{len(rooms)} bootstrap rooms appear in abort, stall or failure lines: {shown}.")
-    prefill = batches[batches["kind"] == "prefill"] if len(batches) else batches
+    # Only the columns read here: a batch frame has millions of rows and dozens of columns.
+    wanted = [c for c in ("ts", "host", "new_seq", "new_token", "bootstrap_req") if c in batches.columns]
+    prefill = batches.loc[(batches["kind"] == "prefill").to_numpy(), wanted] if len(batches) else batches
     if len(prefill):
         real = prefill[~((prefill["new_seq"] == 1) & (prefill["new_token"] == 1))] if "new_seq" in prefill else prefill
         probes = prefill[(prefill["new_seq"] == 1) & (prefill["new_token"] == 1)] if "new_seq" in prefill else prefill.iloc[:0]

@@ -70,10 +70,14 @@ class LogScan:
 
         return summarise(self)
 
-    def important(self, min_severity: str = "warning") -> pd.DataFrame:
+    def important(self, min_severity: str = "warning", columns: list[str] | None = None) -> pd.DataFrame:
+        """Events at ``min_severity`` or worse (only ``columns`` when given: cheaper on big frames)."""
         order = ["critical", "error", "warning", "info", "debug"]
         keep = order[: order.index(min_severity) + 1]
-        return self.events[self.events["severity"].isin(keep)]
+        mask = self.events["severity"].isin(keep).to_numpy()
+        if columns is None:
+            return self.events[mask]
+        return self.events.loc[mask, [c for c in columns if c in self.events.columns]]
 
     def _repr_html_(self) -> str:
         return self.summary()._repr_html_()
