@@ -55,6 +55,18 @@ def test_logs_human_output_and_role_filter(incident_logs):
     assert str(incident.trigger_room) in done.stdout
 
 
+def test_logs_reads_in_an_80_column_terminal(incident_logs):
+    incident, paths = incident_logs
+    done = run_cli("logs", str(paths["prefill"]), str(paths["decode"]), env={"COLUMNS": "80"})
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, max(lines, key=len)
+    # each event: a heading line (time, role, signature, file:line), its room and message below
+    assert any(line.startswith("12:00:") and "decode_transfer_aborted decode.log:" in line for line in lines)
+    assert f"room {incident.trigger_room}: Decode transfer failed" in done.stdout
+    assert "Verdict: FINDINGS" in done.stdout
+
+
 def test_role_option_labels_every_source(incident_logs):
     _, paths = incident_logs
     done = run_cli("logs", str(paths["prefill"]), str(paths["decode"]), "--role", "decode", "--json", "--all")

@@ -11,6 +11,7 @@ from forensics.cli.contract import conclude, fail_after_output
 from forensics.exitcodes import EnvironmentProblem, environment_problem_from_os_error
 
 TABLE_COLUMNS = ["ts", "role", "host", "severity", "signature", "room", "thread", "message", "source", "line"]
+WIDE_TERMINAL = 160  # narrower terminals get one heading line per event and its message below
 JSON_EVENT_COLUMNS = ["ts", "ts_source", "ts_upper", "host", "role", "unit", "source", "line", "signature",
                       "severity", "step", "room", "rid", "rank", "thread", "message"]
 
@@ -128,6 +129,8 @@ def _write_csv(events, csv_path: str) -> None:
 
 
 def _print_human(result, assessment, events) -> None:
+    from rich import box
+    from rich.padding import Padding
     from rich.table import Table
     from rich.text import Text
 
@@ -135,25 +138,54 @@ def _print_human(result, assessment, events) -> None:
 
     out = console()
     out.print(result.summary().__rich__())
-    table = Table(title=f"Events ({len(events)} shown of {len(result.events)})", show_lines=False)
-    for column in TABLE_COLUMNS:
-        table.add_column(column, overflow="fold", max_width=70 if column == "message" else None)
     style = {"critical": "bold red", "error": "red", "warning": "yellow"}
-    for row in events.head(200).itertuples(index=False):
-        values = []
+    title = f"Events ({len(events)} shown of {len(result.events)})"
+    if out.width >= WIDE_TERMINAL:
+        table = Table(title=title, show_lines=False)
         for column in TABLE_COLUMNS:
-            value = getattr(row, column)
-            values.append("" if value is None or (not isinstance(value, str) and _isna(value)) else str(value))
-        table.add_row(*(Text(v) for v in values), style=style.get(row.severity))
-    out.print(table)
+            table.add_column(column, overflow="fold", no_wrap=column in ("room", "line"),
+                             max_width=70 if column == "message" else None)
+        for row in events.head(200).itertuples(index=False):
+            table.add_row(*(Text(_cell(row, column)) for column in TABLE_COLUMNS), style=style.get(row.severity))
+        out.print(table)
+    else:
+        # A narrow terminal (80 columns): one heading line per event, its message indented
+        # below, cut to two lines; severity is the colour. --json/--csv hold everything.
+        out.print(Text(title, style="bold"))
+        for row in events.head(200).itertuples(index=False):
+            room = _cell(row, "room")
+            heading = (f"{_cell(row, 'ts')[11:19] or '--:--:--'} {_cell(row, 'role'):<7} "
+                       f"{_cell(row, 'signature')} {Path(str(row.source)).name}:{row.line}")
+            limit = 2 * (out.width - 4)
+            message = (f"room {room}: " if room else "") + _cell(row, "message")
+            message = message if len(message) <= limit else message[: limit - 1] + "…"
+            out.print(Text(heading, style=style.get(row.severity)))
+            out.print(Padding(Text(message, style="dim"), (0, 0, 0, 4)))
     if len(events) > 200:
         out.print(f"... {len(events) - 200} more events (use --json or --csv for all)")
-    out.print(Text(result.sources.to_string(index=False)))
+    sources = Table(title="Sources", show_lines=False, box=box.SIMPLE_HEAD)
+    # "sglang": lines recognised as sglang's, uvicorn's or CPython's; "unknown": in no known format
+    for column in ("source", "format", "role", "lines", "sglang", "unknown", "events", "batches"):
+        text_column = column in ("source", "format", "role")
+        sources.add_column(column, overflow="fold", justify="left" if text_column else "right",
+                           no_wrap=not text_column)
+    for row in result.sources.itertuples(index=False):
+        sources.add_row(str(row.source), str(row.format), str(row.role), f"{row.lines:,}",
+                        f"{row.lines_recognised:,}", f"{row.lines_unknown:,}", f"{row.events:,}",
+                        f"{row.batch_rows:,}")
+    out.print(sources)
     for note in result.notes:
         out.print(Text(f"note: {note}", style="dim"))
     for problem in result.problems:
         out.print(Text(f"problem: {problem}", style="yellow"))
     out.print(assessment)
+
+
+def _cell(row, column: str) -> str:
+    value = getattr(row, column)
+    if value is None or (not isinstance(value, str) and _isna(value)):
+        return ""
+    return str(value)
 
 
 def _isna(value) -> bool:

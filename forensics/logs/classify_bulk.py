@@ -13,7 +13,7 @@ walk. Here the same decision is made for a whole list of messages together:
 
 The catalogue is read through its public functions only (``event_signatures``), so a
 signature added to ``signatures.toml`` is picked up without a change here.
-``tests/test_logs_classify_bulk.py`` checks the answers against ``catalogue.classify``.
+``tests/test_logs_event_path.py`` checks the answers against ``catalogue.classify``.
 """
 
 from __future__ import annotations
