@@ -88,6 +88,15 @@ STORM_MIX: tuple[tuple[str, float], ...] = (
 )
 STORM_LINES = {"storm_timeout": 2, "storm_abort": 3, "storm_handshake_abort": 3, "storm_bootstrap_timeout": 1}
 ROOM_BITS = 63  # sglang's mini_lb and Rust router draw rooms from [0, 2**63)
+ROOM_MIX = 0x9E3779B97F4A7C15  # odd: n -> n * ROOM_MIX mod 2**63 is a bijection
+
+
+CORPUS_LAYOUT = 2  # 2: steady rooms spread over [0, 2**63) (1: small sequential rooms)
+
+
+def room_of(request: int) -> int:
+    """The steady mix numbers its requests; each gets a distinct room spread over [0, 2**63)."""
+    return (request * ROOM_MIX) % (1 << ROOM_BITS)
 
 
 PREFILL_FIELDS = ("new_seq", "new_token", "running", "queue", "bootstrap", "inflight", "throughput")
@@ -169,6 +178,7 @@ class Manifest:
     trigger_rooms: list[int] = field(default_factory=list)
     seconds: float = 0.0
     event_share: float = 0.0  # share of lines written as storm events (0: the steady profile)
+    layout: int = 0  # CORPUS_LAYOUT of the generator that wrote it: an older journal is written anew
 
     def mix_percent(self) -> dict[str, float]:
         total = sum(self.kinds.values()) or 1
@@ -188,7 +198,7 @@ class Manifest:
             "group_percent": self.group_percent(),
             "signatures": dict(self.signatures), "incident_lines": self.incident_lines,
             "trigger_rooms": self.trigger_rooms, "seconds": round(self.seconds, 2),
-            "event_share": self.event_share,
+            "event_share": self.event_share, "layout": self.layout,
         }
 
     @classmethod
@@ -197,7 +207,8 @@ class Manifest:
         return cls(path=data["path"], bytes=data["bytes"], lines=data["lines"], seed=data["seed"],
                    release=data["release"], kinds=Counter(data["kinds"]), signatures=Counter(data["signatures"]),
                    incident_lines=data["incident_lines"], trigger_rooms=data["trigger_rooms"],
-                   seconds=data["seconds"], event_share=data.get("event_share", 0.0))
+                   seconds=data["seconds"], event_share=data.get("event_share", 0.0),
+                   layout=data.get("layout", 0))
 
     @property
     def event_lines(self) -> int:
@@ -274,12 +285,12 @@ def _steady_line(writer: _Writer, kind: str, rng: random.Random, templates: Temp
         writer.add("prefill", f"Received multipart with total byte size {rng.randint(40, 2400)}")
     elif kind == "debug_got_info":
         state["room"] += 1
-        writer.add("prefill", f"got info room={state['room']} agent_name='decode-{rng.getrandbits(32):08x}' "
+        writer.add("prefill", f"got info room={room_of(state['room'])} agent_name='decode-{rng.getrandbits(32):08x}' "
                               f"required_dst_info_num=1")
     elif kind == "info_receive":
         writer.add("decode", f"Receive: obj=GenerateReqInput(rid='{rng.getrandbits(64):016x}', "
                              f"sampling_params={{'max_new_tokens': {rng.randint(16, 1024)}, 'temperature': 0.7}}, "
-                             f"stream=True, bootstrap_host='10.0.0.2', bootstrap_room={state['room']})")
+                             f"stream=True, bootstrap_host='10.0.0.2', bootstrap_room={room_of(state['room'])})")
     elif kind == "info_finish":
         writer.add("decode", f"Finish: obj=GenerateReqInput(rid='{rng.getrandbits(64):016x}'), "
                              f"out={{'meta_info': {{'prompt_tokens': {rng.randint(16, 8000)}, "
@@ -297,7 +308,7 @@ def _incident(writer: _Writer, rng: random.Random, templates: Templates, state: 
     """Trigger, ABORT send, thread death and a first handshake abort, all in one second."""
     tally = manifest.signatures
     state["room"] += 1
-    room = state["room"]
+    room = room_of(state["room"])
     rid = f"{rng.getrandbits(64):016x}"
     writer.add("decode", f"Abort transfer queue request. decode_req.req.rid='{rid}'")
     tally["scheduler_abort_request"] += 1
@@ -315,8 +326,8 @@ def _incident(writer: _Writer, rng: random.Random, templates: Templates, state: 
     tally["nixl_guard_assertion"] += 1
     state["room"] += 1
     writer.add("decode", f"Decode handshake failed for request rank=0 decode_req.req.rid='{rng.getrandbits(64):016x}' "
-                         f"decode_req.req.bootstrap_room={state['room']} with exception "
-                         f"KVTransferError(bootstrap_room={state['room']}): Aborted by AbortReq.")
+                         f"decode_req.req.bootstrap_room={room_of(state['room'])} with exception "
+                         f"KVTransferError(bootstrap_room={room_of(state['room'])}): Aborted by AbortReq.")
     tally["decode_handshake_aborted"] += 1
     manifest.kinds["incident"] += 5 + len(templates.thread_death)
     manifest.trigger_rooms.append(room)
@@ -334,7 +345,7 @@ def _timeout(writer: _Writer, rng: random.Random, state: dict, manifest: Manifes
         tally["waiting_timeout_hint"] += 1
         manifest.kinds["incident"] += 1
         state["hint_due"] = False
-    room = state["room"] - rng.randint(100, 5000)
+    room = room_of(state["room"] - rng.randint(100, 5000))
     writer.add("decode", f"Decode transfer failed for request rank=0 decode_req.req.rid='{rng.getrandbits(64):016x}' "
                          f"decode_req.req.bootstrap_room={room} with exception KVTransferError(bootstrap_room="
                          f"{room}): Request {room} timed out after {300 + rng.random():.1f}s in KVPoll.WaitingForInput")
@@ -398,7 +409,7 @@ def generate(path: Path, size: int, *, seed: int = 7, incidents: int = 3, event_
     storm_rate = event_share / (1.0 - event_share)
     storm_credit = 0.0
     templates = Templates()
-    manifest = Manifest(path=str(path), seed=seed, event_share=event_share)
+    manifest = Manifest(path=str(path), seed=seed, event_share=event_share, layout=CORPUS_LAYOUT)
     kinds = [kind for kind, _ in MIX]
     weights = [share for _, share in MIX]
     # An incident starts when the written bytes pass each of these marks.
@@ -454,7 +465,7 @@ def ensure(path: Path, size: int, *, seed: int = 7, incidents: int = 3, event_sh
         manifest = Manifest.load(path)
         if manifest.seed == seed and manifest.bytes >= size and path.stat().st_size == manifest.bytes \
                 and len(manifest.incident_lines) == incidents and manifest.bytes - size < (1 << 20) \
-                and manifest.event_share == event_share:
+                and manifest.event_share == event_share and manifest.layout == CORPUS_LAYOUT:
             return manifest
     except (OSError, ValueError, KeyError):
         pass
