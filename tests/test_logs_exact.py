@@ -66,7 +66,7 @@ def check_every_output(directory: Path, groups: list[list[int | None]]) -> None:
     # summary facts and text
     summary = scan.summary()
     assert summary.facts["rooms_affected"] == sorted(set(rooms))
-    text = str(summary) + summary._repr_html_()
+    text = str(summary) + scan._repr_html_()  # the summary and the verdict with its evidence
     for room in sorted(set(rooms))[:10]:
         assert str(room) in text
     # JSON: rooms are strings of digits, exactly

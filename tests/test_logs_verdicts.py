@@ -52,7 +52,7 @@ def test_transfer_timeouts_alone_are_findings(tmp_path):
     assert assessment.word == "findings" and assessment.exit_status == 1
     (finding,) = [f for f in assessment.findings if f.id == "request_timeouts"]
     assert finding.count == 14 and finding.severity == "error"
-    assert finding.evidence_lines()[0] == f"{path}:6"
+    assert finding.evidence_lines()[0] == f"{path}:6 (room {ROOMS[0]})"
     done = run_cli("logs", str(path), "--json")
     assert done.returncode == 1
     document = json.loads(done.stdout)

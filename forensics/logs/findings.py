@@ -97,8 +97,10 @@ class Finding:
     def evidence_lines(self) -> list[str]:
         """``source:line`` of the evidence (or the episode in words for derived classes)."""
         if "line" in self.evidence.columns:
-            return [f"{source}:{line}" for source, line in
-                    zip(self.evidence["source"].head(EVIDENCE_SHOWN), self.evidence["line"].head(EVIDENCE_SHOWN))]
+            shown = self.evidence.head(EVIDENCE_SHOWN)
+            rooms = shown["room"] if "room" in shown.columns else pd.Series(pd.NA, index=shown.index)
+            return [f"{source}:{line}" + ("" if pd.isna(room) else f" (room {int(room)})")
+                    for source, line, room in zip(shown["source"], shown["line"], rooms)]
         return [str(text) for text in self.evidence.get("episode", pd.Series(dtype=str)).head(EVIDENCE_SHOWN)]
 
     def to_dict(self) -> dict:

@@ -80,10 +80,12 @@ class LogScan:
         return self.events.loc[mask, [c for c in columns if c in self.events.columns]]
 
     def _repr_html_(self) -> str:
-        return self.summary()._repr_html_()
+        return self.summary()._repr_html_() + self.assess()._repr_html_()
 
     def __rich__(self):
-        return self.summary().__rich__()
+        from rich.console import Group
+
+        return Group(self.summary().__rich__(), self.assess())
 
 
 def _role_of(unit, fallback: str) -> str:
