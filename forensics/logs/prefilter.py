@@ -71,23 +71,13 @@ class LiteralPrefilter:
 
             self._database.scan(data, match_event_handler=on_match)
             for literal, end in found:
-                start = rfind(b"\n", 0, end) + 1
-                line = hits.get(start)
-                if line is None:
-                    hits[start] = {literal}
-                else:
-                    line.add(literal)
+                hits.setdefault(rfind(b"\n", 0, end) + 1, set()).add(literal)
             return hits
         find = data.find
         for index, literal in enumerate(self.literals):
             position = find(literal)
             while position >= 0:
-                start = rfind(b"\n", 0, position) + 1
-                line = hits.get(start)
-                if line is None:
-                    hits[start] = {index}
-                else:
-                    line.add(index)
+                hits.setdefault(rfind(b"\n", 0, position) + 1, set()).add(index)
                 newline = find(b"\n", position)
                 if newline < 0:
                     break
