@@ -24,6 +24,22 @@ import forensics.twin as twin_api
 TOKENS_FOR_1_MIB = (1 << 20) // 256
 
 
+def control_path(twin, requests: int) -> tuple[list[float], list[float]]:
+    """(decode-side control path ms, client end-to-end s) of ``requests`` 1 MiB requests, one at a time."""
+    e2e = []
+    with httpx.Client(timeout=30) as client:
+        for _ in range(requests):
+            started = time.perf_counter()
+            response = client.post(twin.router + "/generate", json={
+                "input_ids": list(range(TOKENS_FOR_1_MIB)), "sampling_params": {"max_new_tokens": 1}})
+            e2e.append(time.perf_counter() - started)
+            meta = response.json()["meta_info"]
+            assert meta["kv_intact"] and meta["kv_bytes"] == 1 << 20
+    with urllib.request.urlopen(twin.decode + "/server_info") as reply:
+        state = json.load(reply)["internal_states"][0]["twin"]
+    return state["recent_control_path_ms"][-requests:], e2e
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=500)
@@ -31,20 +47,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         twin = twin_api.up("0.5.15", directory=directory, prefill_rate_tps=1e9, decode_rate_tps=1000.0)
         try:
-            e2e = []
-            with httpx.Client(timeout=30) as client:
-                for _ in range(args.requests):
-                    started = time.perf_counter()
-                    response = client.post(twin.router + "/generate", json={
-                        "input_ids": list(range(TOKENS_FOR_1_MIB)), "sampling_params": {"max_new_tokens": 1}})
-                    e2e.append(time.perf_counter() - started)
-                    meta = response.json()["meta_info"]
-                    assert meta["kv_intact"] and meta["kv_bytes"] == 1 << 20
-            with urllib.request.urlopen(twin.decode + "/server_info") as reply:
-                state = json.load(reply)["internal_states"][0]["twin"]
+            control, e2e = control_path(twin, args.requests)
         finally:
             twin.down()
-    control = state["recent_control_path_ms"][-args.requests:]
     print(f"control path (decode arrival -> 1 MiB KV verified), median over {len(control)}: "
           f"{statistics.median(control):.2f} ms (p90 {statistics.quantiles(control, n=10)[-1]:.2f} ms)")
     print(f"client end-to-end through the router, median: {statistics.median(e2e) * 1000:.2f} ms")

@@ -214,6 +214,8 @@ def make_agent(role: str):
         except ImportError:
             api = None
     if api is not None:
+        from forensics.sandbox.quiet_nixl import quiet_agent
+
         config = api.nixl_agent_config(backends=["UCX"])
-        return HostMemoryAgent(api.nixl_agent(name, config)), "nixl (real, UCX, host memory)"
+        return HostMemoryAgent(quiet_agent(api, name, config)), "nixl (real, UCX, host memory)"
     return RecordingAgent(name), "recording stand-in (NIXL not importable)"

@@ -41,11 +41,17 @@ def nixl_api():
 
 
 def make_agent(name: str | None = None, *, num_threads: int = 0):
-    """A NIXL agent with the UCX backend, as sglang creates it (prefill: 8 threads, decode: 0)."""
+    """A NIXL agent with the UCX backend, as sglang creates it (prefill: 8 threads, decode: 0).
+
+    One deviation: its progress thread sleeps between polls (``sandbox.quiet_nixl``), so an
+    idle twin does not hold a core per agent.
+    """
+    from forensics.sandbox.quiet_nixl import quiet_agent
+
     api = nixl_api()
     config = api.nixl_agent_config(backends=["UCX"], num_threads=num_threads)
     try:
-        return api.nixl_agent(name or str(uuid.uuid4()), config)
+        return quiet_agent(api, name or str(uuid.uuid4()), config)
     except Exception as exc:
         raise NixlUnavailable(f"NIXL could not create a UCX agent: {exc}") from exc
 
