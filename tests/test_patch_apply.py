@@ -54,14 +54,15 @@ def test_apply_keeps_a_verified_backup_and_the_mode(conn_file, original) -> None
     assert result.backup is not None and result.backup.parent == conn_file.parent
     assert result.backup.read_text() == original
     assert stat.S_IMODE(conn_file.stat().st_mode) == 0o640
-    # No temporary file is left behind next to the target.
-    assert sorted(p.name for p in conn_file.parent.iterdir()) == sorted(["conn.py", result.backup.name])
+    # No temporary file is left behind next to the target; the backup's sha256 is recorded beside it.
+    assert sorted(p.name for p in conn_file.parent.iterdir()) == sorted(
+        ["conn.py", result.backup.name, result.record.name])
     compile(patched, str(conn_file), "exec")
 
     again = apply_file(conn_file, yes=True)
     assert again.status == "already-patched"
     assert conn_file.read_text() == patched
-    assert len(list(conn_file.parent.glob("*backup*"))) == 1
+    assert len(list(conn_file.parent.glob("*backup*"))) == 1 and len(list(conn_file.parent.glob("*record*"))) == 1
 
     restore_backup(conn_file, result.backup)
     assert conn_file.read_text() == original
@@ -85,8 +86,10 @@ def test_refuses_without_a_backup(conn_file, original, tmp_path) -> None:
         backup_dir = tmp_path / "ro"
         backup_dir.mkdir()
         backup_dir.chmod(0o500)
-    with pytest.raises(ApplyError, match="without a backup"):
+    # An unwritable backup place is the environment's problem (exit 4), naming where.
+    with pytest.raises(EnvironmentProblem, match="without a backup") as caught:
         apply_file(conn_file, yes=True, backup_dir=backup_dir)
+    assert str(backup_dir) in str(caught.value)
     assert conn_file.read_text() == original
 
 
