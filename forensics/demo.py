@@ -37,7 +37,7 @@ class DemoResult:
     release: str
     steps: list[Step] = field(default_factory=list)
     summary_sentences: list[str] = field(default_factory=list)
-    directories: dict[str, str] = field(default_factory=dict)
+    directories: dict[str, str] = field(default_factory=dict)  # kept twin directories (with --dir only)
     seconds: float = 0.0
 
     @property
@@ -176,7 +176,8 @@ def run(release: str = "0.5.15", *, directory: str | Path | None = None, progres
         t0 = time.monotonic()
         say(f"starting the {twin_name} twin (sglang {release}{', patched' if patched else ''})")
         with twin.up(release, patched=patched, directory=(base / twin_name) if base else None) as deployment:
-            result.directories[twin_name] = str(deployment.directory)
+            if base is not None:  # a twin directory of our own making is removed when the twin goes down
+                result.directories[twin_name] = str(deployment.directory)
             step(twin_name, "twin up", True, f"router {deployment.router}, ready in {deployment.timings['total']:.1f} s", t0)
             t0 = time.monotonic()
             completed, detail = _generate(deployment.router, timeout=30.0)

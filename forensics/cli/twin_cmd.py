@@ -12,6 +12,17 @@ from forensics.exitcodes import BAD, GOOD
 INVENTORY_HELP = "the twin's inventory file (printed by 'twin up')"
 
 
+def _waiting_timeout(ctx, param, value):
+    """Positive and finite, or a usage error (exit 2): NaN and negative timeouts make no sense."""
+    if value is None:
+        return None
+    import math
+
+    if not math.isfinite(value) or value <= 0:
+        raise click.BadParameter(f"expected a positive number of seconds, got {value!r}")
+    return value
+
+
 def _print(renderable) -> None:
     from rich.console import Console
 
@@ -28,7 +39,8 @@ def command() -> None:
 @click.option("--patched", is_flag=True, help="patch the twin's copy of nixl/conn.py with the codemod")
 @click.option("--backend", type=click.Choice(["nixl", "mooncake"]), default="nixl", show_default=True)
 @click.option("--base-port", type=int, default=None, help="router N, prefill N+1, bootstrap N+2, decode N+3")
-@click.option("--waiting-timeout", type=float, default=None, help="decode waiting timeout, s (sglang: 300)")
+@click.option("--waiting-timeout", type=float, default=None, callback=_waiting_timeout,
+              help="decode waiting timeout, s, positive (sglang: 300)")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None, help="twin directory")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def up(version, patched, backend, base_port, waiting_timeout, directory, as_json) -> None:
@@ -37,7 +49,8 @@ def up(version, patched, backend, base_port, waiting_timeout, directory, as_json
     from forensics.twin.settings import DEFAULT_WAITING_TIMEOUT_S
 
     deployment = api.up(version, patched=patched, backend=backend, base_port=base_port,
-                        waiting_timeout=waiting_timeout or DEFAULT_WAITING_TIMEOUT_S, directory=directory)
+                        waiting_timeout=DEFAULT_WAITING_TIMEOUT_S if waiting_timeout is None else waiting_timeout,
+                        directory=directory)
     data = dict(deployment.urls(), sglang=version, patched=patched, backend=backend,
                 directory=str(deployment.directory), timings_s=deployment.timings,
                 pids={role: deployment.pid(role) for role in ("prefill", "decode", "router")})
@@ -105,14 +118,20 @@ def restart(role, inventory, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def down(inventory, as_json) -> None:
     """Stop every process of the twin (exit 1 if any is still running afterwards)."""
-    from forensics.twin import api, processes
+    from forensics.twin import api
 
     deployment = api.attach(inventory)
     pids = {role: deployment.pid(role) for role in ("prefill", "decode", "router")}
-    stopped = deployment.down()
-    still = [role for role, pid in pids.items() if processes.alive(pid)]
-    data = {"stopped": stopped, "still_running": still, "inventory": str(Path(inventory))}
-    message = f"stopped: {', '.join(stopped) or 'nothing was running'}"
+    report = deployment.take_down()
+    still = report["still_running"]
+    data = dict(report, inventory=str(Path(inventory)))
+    message = f"stopped: {', '.join(report['stopped']) or 'nothing was running'}"
+    if report["stale"]:
+        stale = ", ".join(f"{role} (pid {pids[role]})" for role in report["stale"])
+        message += (f"; stale pid file(s), removed without a signal: {stale} "
+                    "(not a process this twin started)")
+    if report["removed_directory"]:
+        message += f"; removed the twin's directory {report['removed_directory']}"
     if still:
         message += f"; still running: {', '.join(still)}"
     conclude(as_json, BAD if still else GOOD, data, lambda: _print(message), word="failed" if still else "down")

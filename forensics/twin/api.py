@@ -5,14 +5,18 @@
         twin.restart("prefill")
 
 The twin runs from its own copy of the release's files (``<dir>/site-packages/sglang``;
-``disaggregation/`` copied, everything else hard-linked), so patching that copy and
+Python files copied, read-only data files hard-linked: no writable inode is shared with
+the cache), so patching that copy and
 restarting the prefill changes what runs, as a patch deploy on a live host does.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import html
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -21,13 +25,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from forensics.exitcodes import EnvironmentProblem
+from forensics.exitcodes import EnvironmentProblem, UsageProblem
 from forensics.twin import inventory as inventory_mod
 from forensics.twin import processes
 from forensics.twin.settings import DEFAULT_WAITING_TIMEOUT_S, TwinSettings
 
 INVENTORY_NAME = "inventory.toml"
 SUPPORTED_BACKENDS = ("nixl",)
+PORT_NAMES = ("router", "prefill", "bootstrap", "decode")
 
 
 class TwinError(EnvironmentProblem):
@@ -97,7 +102,8 @@ class Deployment:
                   "patched": self.settings.patched, "roles": {}}
         for role in processes.ROLE_ORDER:
             pid = self.pid(role)
-            entry = {"pid": pid, "alive": processes.alive(pid), "url": self.inventory.engine(role).url}
+            entry = {"pid": pid, "alive": processes.ours(self.directory, role) is not None,
+                     "url": self.inventory.engine(role).url}
             try:
                 info = self.server_info(role, timeout=2.0)
                 entry["answering"] = True
@@ -126,12 +132,30 @@ class Deployment:
         return time.monotonic() - started
 
     def down(self) -> list[str]:
-        """Stop every process of the twin; returns the roles that were running."""
-        stopped = []
+        """Stop every process of the twin; returns the roles that were running (see :meth:`take_down`)."""
+        return self.take_down()["stopped"]
+
+    def take_down(self) -> dict:
+        """Stop every process the twin started and, if the twin created its directory, remove it.
+
+        A pid file naming a process the twin did not start (a reused pid, an older twin's
+        file) is *stale*: removed, nothing signalled. Returns ``stopped`` and ``stale`` roles,
+        ``still_running`` and ``removed_directory`` (None if kept).
+        """
+        settings = self.settings
+        directory = Path(settings.directory)
+        report: dict = {"stopped": [], "stale": [], "still_running": [], "removed_directory": None}
         for role in reversed(processes.ROLE_ORDER):
-            if processes.stop(self.directory, role):
-                stopped.append(role)
-        return stopped
+            outcome = processes.stop(directory, role)
+            if outcome == "running":
+                report["stopped"].append(role)
+            elif outcome == "stale":
+                report["stale"].append(role)
+        report["still_running"] = processes.running_roles(directory)
+        if settings.created_directory and not report["still_running"] and directory.is_dir():
+            shutil.rmtree(directory, ignore_errors=True)
+            report["removed_directory"] = str(directory)
+        return report
 
     def __enter__(self) -> Deployment:
         return self
@@ -146,14 +170,14 @@ class Deployment:
         for column in ("role", "url", "pid", "alive"):
             table.add_column(column)
         for role in processes.ROLE_ORDER:
-            pid = self.pid(role)
-            table.add_row(role, self.inventory.engine(role).url, str(pid), str(processes.alive(pid)))
+            alive = processes.ours(self.directory, role) is not None
+            table.add_row(role, self.inventory.engine(role).url, str(self.pid(role)), str(alive))
         return table
 
     def _repr_html_(self) -> str:
         rows = "".join(
             f"<tr><td>{role}</td><td>{html.escape(self.inventory.engine(role).url)}</td>"
-            f"<td>{self.pid(role)}</td><td>{processes.alive(self.pid(role))}</td></tr>"
+            f"<td>{self.pid(role)}</td><td>{processes.ours(self.directory, role) is not None}</td></tr>"
             for role in processes.ROLE_ORDER
         )
         return (f"<b>twin sglang {html.escape(self.settings.sglang)}</b> ({html.escape(str(self.inventory_path))})"
@@ -161,8 +185,22 @@ class Deployment:
 
 
 def _start_role(deployment: Deployment, role: str) -> float:
-    proc = processes.start(role, deployment.inventory_path, deployment.directory)
-    return _wait_role(deployment, role, proc)
+    settings = deployment.settings
+    wanted = {"prefill": {"prefill": settings.prefill_port, "bootstrap": settings.bootstrap_port},
+              "decode": {"decode": settings.decode_port}, "router": {"router": settings.router_port}}[role]
+    listeners = _bind(settings.host, wanted, hint=f"cannot restart the twin's {role} on it", retry_s=10.0)
+    try:
+        child = processes.start(role, deployment.inventory_path, deployment.directory, listeners=listeners)
+    finally:
+        _close(listeners)
+    try:
+        seconds = _wait_role(deployment, role, child)
+    except BaseException:
+        processes.stop(deployment.directory, role)
+        child.release_lifeline()
+        raise
+    child.handover()
+    return seconds
 
 
 def _wait_role(deployment: Deployment, role: str, proc) -> float:
@@ -170,22 +208,145 @@ def _wait_role(deployment: Deployment, role: str, proc) -> float:
     return processes.wait_ready(role, ready_url, proc, deployment.directory)
 
 
+def _bind(host: str, wanted: dict[str, int], hint: str, retry_s: float = 0.0) -> dict[int, object]:
+    """Listening sockets for ``wanted`` (name -> port, 0 for any), keyed by the port bound.
+
+    ``retry_s``: keep trying a taken port that long (a restarted role's old process may still
+    be releasing it).
+    """
+    listeners: dict[int, object] = {}
+    try:
+        for name, port in wanted.items():
+            deadline = time.monotonic() + retry_s
+            while True:
+                try:
+                    sock = processes.bind_listener(host, port)
+                    break
+                except OSError as exc:
+                    if port and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                        continue
+                    raise TwinError(f"port {port} ({name}) on {host} is already in use ({exc.strerror}); "
+                                    f"{hint}") from None
+            listeners[sock.getsockname()[1]] = sock
+    except BaseException:
+        _close(listeners)
+        raise
+    return listeners
+
+
+def _close(listeners: dict) -> None:
+    for sock in listeners.values():
+        sock.close()
+
+
+def check_waiting_timeout(value) -> float:
+    """The decode waiting timeout, seconds: a positive finite number (else a usage error)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise UsageProblem(f"--waiting-timeout: expected a number of seconds, got {value!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise UsageProblem(f"--waiting-timeout: expected a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def check_release_served(source) -> None:
+    """Refuse (exit 4, naming what is missing) a release whose requests the twin would hang on.
+
+    Decided from the release's code: from 0.5.17 sglang's ``KVArgs`` carries ``kv_layer_ids`` and
+    the decode's KV-args registration (``_register_kv_args``) packs them; the twin's decode does
+    not provide them yet, so the receiver raises on the first request and, before this check,
+    every request hung (0.5.17 to 0.5.22; 0.5.16 answers in 0.3 s). 0.5.23 tracks transfers
+    without ``TransferStatus``: its decode refuses each request with a message instead.
+    """
+    disaggregation = Path(source.root) / "sglang/srt/disaggregation"
+
+    def text(relative: str) -> str:
+        path = disaggregation / relative
+        if not path.is_file():
+            return ""
+        verified = getattr(source, "verified_read_text", None)  # the cache checks what is read
+        return verified(path) if verified else path.read_text(encoding="utf-8", errors="replace")
+
+    per_layer = "kv_layer_ids" in text("base/conn.py")
+    tracks_transfers = any("class TransferStatus" in text(name) for name in ("nixl/conn.py", "common/conn.py"))
+    if per_layer and tracks_transfers:
+        raise TwinError(
+            f"sglang {source.version}: serving 0.5.17+ is not built yet; the twin's own test shows requests hang: "
+            "the release's NIXL KV-args registration sends per-layer ids (KVArgs.kv_layer_ids, new in 0.5.17) "
+            "that the twin's decode does not provide (0.5.16 and earlier are served)")
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: Path):
+    """Hold an exclusive lock on the twin directory while ``up`` works in it (flock on the directory)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TwinError(f"{directory}: another 'twin up' is starting a twin in this directory") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _refuse_if_running(directory: Path) -> None:
+    running = processes.running_roles(directory)
+    if not running:
+        return
+    inventory_path = directory / INVENTORY_NAME
+    pids = ", ".join(f"{role} {processes.read_pid(processes.pid_file(directory, role))}" for role in running)
+    described = f"pids {pids}"
+    try:
+        inv = inventory_mod.load(inventory_path)
+        router = next((e.url for e in inv.engines if e.role == "router"), None)
+        described = f"sglang {inv.sglang}, router {router}, {described}"
+    except EnvironmentProblem:
+        pass
+    raise TwinError(f"a twin is already running in {directory} ({described}); take it down first: "
+                    f"forensics twin down --inventory {inventory_path}")
+
+
 def copy_release(source_root: Path, destination: Path) -> Path:
-    """Lay out the release like site-packages: ``disaggregation/`` copied, the rest hard-linked."""
+    """Lay out the release like site-packages, sharing no writable inode with the cache.
+
+    What a twin or a patch deploy may change is copied and left writable: everything under
+    ``disaggregation/`` and every Python file, read through
+    :func:`~forensics.sglang_source.verified_read_bytes` (checked against the sha256 recorded
+    when the release was unpacked). Other files (JSON configs, .so, ...), which the twin never
+    imports, are hard-linked only when the cache's file is read-only, else copied. (root can
+    still write a read-only file; the cache's size/mtime check on every reuse catches that.)
+    """
+    import stat
+
+    from forensics.sglang_source import verified_read_bytes
+
     target = destination / "sglang"
     if target.exists():
         shutil.rmtree(target)
+    write_bits = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 
-    def link_or_copy(src: str, dst: str) -> None:
-        if "/disaggregation/" in src:
-            shutil.copy2(src, dst)
+    def copy_or_link(src: str, dst: str) -> None:
+        mode = stat.S_IMODE(os.stat(src).st_mode)
+        if "/disaggregation/" in src or src.endswith(".py"):
+            data = verified_read_bytes(src)
+            with open(dst, "wb") as out:
+                out.write(data)
+            shutil.copystat(src, dst)
+            os.chmod(dst, mode | stat.S_IWUSR)
             return
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
+        if not mode & write_bits:
+            try:
+                os.link(src, dst)
+                return
+            except OSError:
+                pass
+        shutil.copy2(src, dst)
+        os.chmod(dst, mode | stat.S_IWUSR)
 
-    shutil.copytree(source_root / "sglang", target, copy_function=link_or_copy)
+    shutil.copytree(source_root / "sglang", target, copy_function=copy_or_link)
     return destination
 
 
@@ -207,44 +368,87 @@ def up(
     from forensics.sglang_source import fetch
 
     started = time.monotonic()
+    waiting_timeout = check_waiting_timeout(waiting_timeout)
     host = overrides.pop("host", "127.0.0.1")
     if base_port is not None:
-        ports = [base_port + i for i in range(4)]
-        for name, port in zip(("router", "prefill", "bootstrap", "decode"), ports, strict=True):
+        for name, port in zip(PORT_NAMES, [base_port + i for i in range(4)], strict=True):
             if not 0 < port < 65536:
                 raise TwinError(f"--base-port {base_port}: port {port} ({name}) is not a TCP port")
-            if not processes.port_free(host, port):
-                raise TwinError(f"port {port} ({name}) on {host} is already in use; choose another --base-port")
+    created = directory is None
+    if created:
+        directory = Path(tempfile.mkdtemp(prefix=f"twin-{sglang}-"))
     else:
-        ports = processes.free_ports(host, 4)
-    source = fetch(sglang)  # raises SourceError (an EnvironmentProblem) naming the release
-    if backend not in source.backends():
-        raise TwinError(f"sglang {sglang} has no {backend} backend (has: {', '.join(source.backends())})")
-    if backend not in SUPPORTED_BACKENDS:
-        raise TwinError(f"the twin runs the NIXL backend only (got --backend {backend}); "
-                        "a mooncake twin is not built yet")
-    directory = Path(directory) if directory else Path(tempfile.mkdtemp(prefix=f"twin-{sglang}-"))
-    directory.mkdir(parents=True, exist_ok=True)
-    site = copy_release(source.root, directory / "site-packages")
-    if patched:
-        _apply_patch(site, sglang)
-    settings = TwinSettings(
-        directory=str(directory.resolve()), sglang=sglang, sglang_root=str(site.resolve()), backend=backend,
-        patched=patched, host=host, router_port=ports[0], prefill_port=ports[1], bootstrap_port=ports[2],
-        decode_port=ports[3], waiting_timeout_s=float(waiting_timeout), **overrides,
-    )
-    inventory_path = directory / INVENTORY_NAME
-    inventory_mod.dump(build_inventory(settings, inventory_path), inventory_path)
-    deployment = Deployment(inventory_path)
-    timings = {}
+        directory = Path(directory)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TwinError(f"{directory}: cannot create the twin directory ({exc.strerror})") from None
     try:
-        # All three start at once (each waits for nothing but its own port); then readiness.
-        procs = {role: processes.start(role, inventory_path, directory) for role in processes.ROLE_ORDER}
-        for role, proc in procs.items():
-            timings[role] = round(_wait_role(deployment, role, proc), 3)
+        with _directory_lock(directory):
+            _refuse_if_running(directory)
+            return _up_in(directory, created, sglang, patched=patched, backend=backend, base_port=base_port,
+                          host=host, waiting_timeout=waiting_timeout, started=started, fetch=fetch, **overrides)
     except BaseException:
-        deployment.down()
+        if created:
+            shutil.rmtree(directory, ignore_errors=True)
         raise
+
+
+def _up_in(directory: Path, created: bool, sglang: str, *, patched: bool, backend: str, base_port: int | None,
+           host: str, waiting_timeout: float, started: float, fetch, **overrides) -> Deployment:
+    # The launcher binds every listening socket and hands it to its process: no window in which
+    # another twin can take a port between "it is free" and "the child binds it".
+    wanted = {name: (base_port + i if base_port is not None else 0) for i, name in enumerate(PORT_NAMES)}
+    listeners = _bind(host, wanted, hint="choose another --base-port")
+    try:
+        ports = list(listeners)
+        source = fetch(sglang)  # raises SourceError (an EnvironmentProblem) naming the release
+        check_release_served(source)
+        if backend not in source.backends():
+            raise TwinError(f"sglang {sglang} has no {backend} backend (has: {', '.join(source.backends())})")
+        if backend not in SUPPORTED_BACKENDS:
+            raise TwinError(f"the twin runs the NIXL backend only (got --backend {backend}); "
+                            "a mooncake twin is not built yet")
+        site = copy_release(source.root, directory / "site-packages")
+        if patched:
+            _apply_patch(site, sglang)
+        settings = TwinSettings(
+            directory=str(directory.resolve()), sglang=sglang, sglang_root=str(site.resolve()), backend=backend,
+            patched=patched, host=host, router_port=ports[0], prefill_port=ports[1], bootstrap_port=ports[2],
+            decode_port=ports[3], waiting_timeout_s=waiting_timeout, created_directory=created, **overrides,
+        )
+        inventory_path = directory / INVENTORY_NAME
+        inventory_mod.dump(build_inventory(settings, inventory_path), inventory_path)
+        deployment = Deployment(inventory_path)
+        timings = {}
+        children: dict[str, processes.Child] = {}
+        role_ports = {"prefill": (ports[1], ports[2]), "decode": (ports[3],), "router": (ports[0],)}
+        try:
+            # All three start at once (each waits for nothing but its own port); then readiness.
+            for role in processes.ROLE_ORDER:
+                mine = {port: listeners[port] for port in role_ports[role]}
+                children[role] = processes.start(role, inventory_path, directory, listeners=mine)
+                _close(mine)  # the child has its own copy now
+                if role == "prefill":
+                    processes.fault("after-prefill-started")
+            processes.fault("after-all-started")
+            for role, child in children.items():
+                timings[role] = round(_wait_role(deployment, role, child), 3)
+                if role == "prefill":
+                    processes.fault("after-prefill-ready")
+            processes.fault("before-handover")
+        except BaseException:
+            settings_kept = deployment.settings
+            for role in reversed(processes.ROLE_ORDER):
+                processes.stop(Path(settings_kept.directory), role)
+            for child in children.values():
+                child.release_lifeline()
+            raise
+        # Handed over: from here the twin outlives whoever started it (later 'twin down' attaches).
+        for child in children.values():
+            child.handover()
+    finally:
+        _close(listeners)
     timings["total"] = round(time.monotonic() - started, 3)
     deployment.timings = timings
     return deployment

@@ -333,7 +333,7 @@ class DecodeServer(httpserver.EngineEndpoints):
         self.app = self.engine_app()
 
     async def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self.scheduler.run())
+        self.task = httpserver.watch_scheduler(asyncio.get_running_loop().create_task(self.scheduler.run()), "decode")
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -391,7 +391,7 @@ class DecodeServer(httpserver.EngineEndpoints):
             self.metrics.num_aborted.inc()
             self.scheduler.abort(rid)
 
-        asyncio.get_running_loop().create_task(abort())
+        httpserver.spawn(abort())  # kept referenced until it ran: an AbortReq must not be lost
 
     async def _wait_for_probe(self, item: DecodeRequest) -> None:
         await self._collect(item)

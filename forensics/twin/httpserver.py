@@ -27,6 +27,43 @@ from forensics.twin.settings import TwinSettings
 
 log = logging.getLogger("sglang.srt.entrypoints.http_server")
 
+# Fire-and-forget tasks (the delayed AbortReq, the router's drain): the event loop keeps only a
+# weak reference to a task, so a task nobody holds can be collected before it runs to the end.
+_background: set[asyncio.Task] = set()
+
+
+def spawn(coro) -> asyncio.Task:
+    """Run ``coro`` in the background, referenced until it is done; its exception is retrieved."""
+    task = asyncio.get_running_loop().create_task(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return task
+
+
+def watch_scheduler(task: asyncio.Task, role: str) -> asyncio.Task:
+    """A scheduler loop that dies takes its process with it, traceback in the log, as sglang's
+    scheduler does (its crash handler kills the server): never an engine that answers /ping
+    while every request waits forever."""
+
+    def died(done: asyncio.Task) -> None:
+        if done.cancelled():
+            return
+        exc = done.exception()
+        if exc is None:
+            return
+        logging.getLogger(__name__).error(f"twin {role}: the scheduler loop died; the process exits",
+                                          exc_info=(type(exc), exc, exc.__traceback__))
+        _leave(None, 1)
+
+    task.add_done_callback(died)
+    return task
+
+
+def background_tasks() -> set[asyncio.Task]:
+    """The background tasks not yet done (for tests and ``server_info``)."""
+    return set(_background)
+
 
 class EngineEndpoints:
     """The endpoints the prefill and decode servers answer alike, with sglang's PD semantics.
@@ -80,6 +117,9 @@ class EngineEndpoints:
 
 
 def process_setup(role: str, title: str) -> tuple[inventory_mod.Inventory, TwinSettings]:
+    from forensics.twin.processes import watch_lifeline
+
+    watch_lifeline()  # first: a launcher that dies during our start-up takes us with it
     parser = argparse.ArgumentParser(prog=f"forensics.twin.{role}")
     parser.add_argument("--inventory", required=True)
     args = parser.parse_args()
@@ -130,6 +170,17 @@ def metrics_handler(metrics: TwinMetrics):
     return handle
 
 
+async def start_site(runner: web.AppRunner, host: str, port: int, *, backlog: int = 128) -> None:
+    """Serve ``runner`` on the socket the launcher bound for ``port`` (no bind race), else bind it here."""
+    from forensics.twin.processes import inherited_listener
+
+    sock = inherited_listener(port)
+    if sock is not None:
+        await web.SockSite(runner, sock, backlog=backlog).start()
+    else:
+        await web.TCPSite(runner, host, port, reuse_address=True, backlog=backlog).start()
+
+
 def serve(
     app: web.Application,
     host: str,
@@ -143,8 +194,7 @@ def serve(
     async def main() -> None:
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True, backlog=2048)
-        await site.start()
+        await start_site(runner, host, port, backlog=2048)
         if on_start is not None:
             await on_start()
         stop = asyncio.Event()

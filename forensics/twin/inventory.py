@@ -160,11 +160,23 @@ def load(path: str | Path) -> Inventory:
         raise InventoryError(f"{path}: no such inventory file") from exc
     except OSError as exc:
         raise InventoryError(f"{path}: cannot read ({exc.strerror})") from exc
+    except UnicodeDecodeError as exc:
+        line = text_line(path, exc.start)
+        raise InventoryError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
+                             f"{f', line {line}' if line else ''})") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InventoryError(f"{path}: not valid TOML ({exc})") from exc
     return parse(data, path)
+
+
+def text_line(path: Path, offset: int) -> int | None:
+    """The 1-based line of byte ``offset`` in ``path`` (for errors)."""
+    try:
+        return path.read_bytes()[:offset].count(b"\n") + 1
+    except OSError:
+        return None
 
 
 def parse(data: dict[str, Any], path: str | Path = "<inventory>") -> Inventory:
@@ -190,6 +202,13 @@ def parse(data: dict[str, Any], path: str | Path = "<inventory>") -> Inventory:
     twin = data.get("twin", {})
     if not isinstance(twin, dict):
         raise InventoryError(f"{path}: [twin] must be a table")
+    if twin:
+        from forensics.twin.settings import TwinSettings
+
+        try:
+            TwinSettings.check(twin)
+        except ValueError as exc:
+            raise InventoryError(f"{path}: {exc}") from None
     known = {"deployment", "engine", "twin"}
     unknown = sorted(set(data) - known)
     if unknown:

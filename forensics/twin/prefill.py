@@ -369,14 +369,14 @@ class PrefillServer(httpserver.EngineEndpoints):
     async def start(self) -> None:
         runner = web.AppRunner(self.bootstrap.app, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, self.settings.host, self.settings.bootstrap_port, reuse_address=True).start()
+        await httpserver.start_site(runner, self.settings.host, self.settings.bootstrap_port)
         # What CommonKVManager._register_to_bootstrap PUTs for a TP=1 prefill rank.
         self.bootstrap.register({
             "attn_tp_size": 1, "attn_tp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0, "attn_dp_size": 1,
             "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1, "system_dp_rank": 0,
             "rank_ip": self.loop.host, "rank_port": self.loop.port, "page_size": 1, "kv_cache_dtype": "auto",
         })
-        self.task = asyncio.get_running_loop().create_task(self.scheduler.run())
+        self.task = httpserver.watch_scheduler(asyncio.get_running_loop().create_task(self.scheduler.run()), "prefill")
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         endpoint = request.path
@@ -413,7 +413,7 @@ class PrefillServer(httpserver.EngineEndpoints):
             self.metrics.num_aborted.inc()
             self.scheduler.abort(rid)
 
-        asyncio.get_running_loop().create_task(abort())
+        httpserver.spawn(abort())  # kept referenced until it ran: an AbortReq must not be lost
 
     async def _wait_for_probe(self, item) -> None:
         await asyncio.shield(item.done)

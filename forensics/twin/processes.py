@@ -5,18 +5,43 @@ session, stdout and stderr appended to ``<role>.log`` (so a thread's traceback l
 among sglang's lines), its pid in ``<role>.pid`` for py-spy and ``twin down``.
 Readiness is polled over HTTP, never slept for; a process that exits early is
 reported with the tail of its log.
+
+Three rules keep the twin from touching what it does not own or leaving things behind:
+
+* **Identity.** Beside ``<role>.pid`` the launcher writes ``<role>.proc.json``: the pid,
+  its start time (psutil ``create_time``), its command line and the process title the
+  role sets. Nothing is signalled unless a live process matches both the start time and
+  the command line (or title); a pid file that names anything else is *stale* and is
+  removed without a signal.
+* **Lifeline.** Every child inherits the read end of a pipe whose write end only the
+  launcher holds (``FORENSICS_TWIN_LIFELINE=<fd>``). A daemon thread in the child reads
+  it: end-of-file means the launcher died before the twin was handed over, and the child
+  leaves. Once every role is ready, :meth:`Child.handover` writes one byte, the child
+  stops watching, and the twin outlives the CLI that started it.
+* **Sockets.** The launcher binds the listening sockets and passes them to the children
+  (``FORENSICS_TWIN_LISTEN_FDS=port:fd,...``), so two twins started at once cannot race
+  for the same port between "it was free" and "the child binds it".
+
+Fault injection (for the kill tests, documented in the README): ``FORENSICS_TWIN_FAULT=
+STEP:ACTION`` makes the launcher act at ``STEP`` (``after-prefill-started``,
+``after-all-started``, ``after-prefill-ready``, ``before-handover``) with ``ACTION`` one of
+``SIGKILL``, ``SIGTERM``, ``SIGINT`` (sent to itself) or ``block`` (print
+``twin fault: blocked at STEP`` on stderr and wait for a signal).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -25,10 +50,20 @@ from forensics.exitcodes import EnvironmentProblem
 
 ROLE_ORDER = ("prefill", "decode", "router")
 READY_TIMEOUT_S = 60.0
+ROLE_TITLES = {"prefill": "sglang::scheduler", "decode": "sglang::scheduler", "router": "sglang::router"}
+LIFELINE_ENV = "FORENSICS_TWIN_LIFELINE"
+LISTEN_FDS_ENV = "FORENSICS_TWIN_LISTEN_FDS"
+FAULT_ENV = "FORENSICS_TWIN_FAULT"
+FAULT_STEPS = ("after-prefill-started", "after-all-started", "after-prefill-ready", "before-handover")
+HANDOVER = b"H"
+_CREATE_TIME_SLACK_S = 0.05
 
 
 class TwinStartError(EnvironmentProblem):
     """A twin process could not start or did not become ready; the message says which and why."""
+
+
+# ------------------------------------------------------------------------------------ ports
 
 
 def port_free(host: str, port: int) -> bool:
@@ -42,7 +77,7 @@ def port_free(host: str, port: int) -> bool:
 
 
 def free_ports(host: str, count: int) -> list[int]:
-    """``count`` distinct ports the kernel says are free right now."""
+    """``count`` distinct ports the kernel says are free right now (racy: prefer :func:`bind_listeners`)."""
     sockets, ports = [], []
     try:
         for _ in range(count):
@@ -56,8 +91,44 @@ def free_ports(host: str, count: int) -> list[int]:
     return ports
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (0: any free port); OSError if it is taken.
+
+    SO_REUSEADDR (as the servers set it) lets a restarted role take its port back over
+    connections left in TIME_WAIT; a port another socket listens on still fails (at bind,
+    or at listen if two launchers bound it at the same instant).
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def inherited_listener(port: int) -> socket.socket | None:
+    """In a twin process: the listening socket the launcher passed for ``port``, if any."""
+    for item in filter(None, os.environ.get(LISTEN_FDS_ENV, "").split(",")):
+        wanted, _, fd = item.partition(":")
+        if wanted == str(port):
+            sock = socket.socket(fileno=int(fd))
+            sock.setblocking(False)
+            return sock
+    return None
+
+
+# ------------------------------------------------------------------------------- pid files
+
+
 def pid_file(directory: Path, role: str) -> Path:
     return directory / f"{role}.pid"
+
+
+def identity_file(directory: Path, role: str) -> Path:
+    return directory / f"{role}.proc.json"
 
 
 def log_file(directory: Path, role: str) -> Path:
@@ -66,8 +137,8 @@ def log_file(directory: Path, role: str) -> Path:
 
 def read_pid(path: Path) -> int | None:
     try:
-        return int(path.read_text().strip())
-    except (FileNotFoundError, ValueError):
+        return int(path.read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
         return None
 
 
@@ -81,23 +152,197 @@ def alive(pid: int | None) -> bool:
         return False
 
 
-def start(role: str, inventory_path: Path, directory: Path, python: str | None = None) -> subprocess.Popen:
+def record(directory: Path, role: str, proc: subprocess.Popen, argv: list[str]) -> dict:
+    """Write ``<role>.proc.json`` (pid, start time, command line, title) and ``<role>.pid``."""
+    try:
+        create_time = psutil.Process(proc.pid).create_time()
+    except psutil.Error:
+        create_time = None
+    identity = {"pid": proc.pid, "create_time": create_time, "cmdline": argv, "title": ROLE_TITLES[role],
+                "role": role, "launcher_pid": os.getpid()}
+    path = identity_file(directory, role)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(identity) + "\n")
+    tmp.replace(path)
+    pid_file(directory, role).write_text(f"{proc.pid}\n")
+    return identity
+
+
+def read_identity(directory: Path, role: str) -> dict | None:
+    try:
+        data = json.loads(identity_file(directory, role).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def ours(directory: Path, role: str) -> psutil.Process | None:
+    """The live process the pid file names, if and only if it is the one the twin started.
+
+    It must match the recorded start time and the recorded command line or the role's
+    process title; a pid that was reused, or a pid file without that record, gives None.
+    """
+    pid = read_pid(pid_file(directory, role))
+    identity = read_identity(directory, role)
+    if pid is None or identity is None or identity.get("pid") != pid or identity.get("create_time") is None:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        if abs(proc.create_time() - float(identity["create_time"])) > _CREATE_TIME_SLACK_S:
+            return None
+        cmdline = proc.cmdline()
+    except (psutil.Error, TypeError, ValueError):
+        return None
+    title = identity.get("title")
+    shown = " ".join(part for part in cmdline if part).strip()
+    if cmdline == identity.get("cmdline") or (title and shown == title):
+        return proc
+    return None
+
+
+def state(directory: Path, role: str) -> str:
+    """``running`` (ours, alive), ``stale`` (a pid file naming something else or nothing) or ``absent``."""
+    if not pid_file(directory, role).exists():
+        return "absent"
+    return "running" if ours(directory, role) is not None else "stale"
+
+
+def running_roles(directory: Path) -> list[str]:
+    return [role for role in ROLE_ORDER if ours(directory, role) is not None]
+
+
+def forget(directory: Path, role: str) -> None:
+    pid_file(directory, role).unlink(missing_ok=True)
+    identity_file(directory, role).unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- starting
+
+
+@dataclass
+class Child:
+    """A started role: its Popen and the write end of its lifeline (None once handed over)."""
+
+    role: str
+    proc: subprocess.Popen
+    lifeline: int | None = None
+    identity: dict = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll(self):
+        return self.proc.poll()
+
+    @property
+    def returncode(self):
+        return self.proc.returncode
+
+    def handover(self) -> None:
+        """Tell the child it is on its own now: it stops watching its launcher."""
+        if self.lifeline is None:
+            return
+        try:
+            os.write(self.lifeline, HANDOVER)
+        except OSError:
+            pass
+        self.release_lifeline()
+
+    def release_lifeline(self) -> None:
+        if self.lifeline is not None:
+            try:
+                os.close(self.lifeline)
+            except OSError:
+                pass
+            self.lifeline = None
+
+
+def start(role: str, inventory_path: Path, directory: Path, python: str | None = None,
+          listeners: dict[int, socket.socket] | None = None) -> Child:
+    """Start ``role`` with a lifeline (and the listening sockets in ``listeners``, port -> socket)."""
     log_path = log_file(directory, role)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop(FAULT_ENV, None)
     # The twin's processes import forensics from wherever this process did.
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [python or sys.executable, "-m", f"forensics.twin.{role}", "--inventory", str(inventory_path)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        )
-    pid_file(directory, role).write_text(f"{proc.pid}\n")
-    return proc
+    read_end, write_end = os.pipe()  # both close-on-exec; the child gets read_end through pass_fds
+    fds = [read_end]
+    env[LIFELINE_ENV] = str(read_end)
+    if listeners:
+        env[LISTEN_FDS_ENV] = ",".join(f"{port}:{sock.fileno()}" for port, sock in listeners.items())
+        fds += [sock.fileno() for sock in listeners.values()]
+    else:
+        env.pop(LISTEN_FDS_ENV, None)
+    argv = [python or sys.executable, "-m", f"forensics.twin.{role}", "--inventory", str(inventory_path)]
+    try:
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True, pass_fds=fds)
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    child = Child(role, proc, write_end)
+    child.identity = record(directory, role, proc, argv)
+    return child
 
 
-def wait_ready(role: str, url: str, proc: subprocess.Popen | None, directory: Path,
-               timeout: float = READY_TIMEOUT_S) -> float:
+def fault(step: str) -> None:
+    """The fault-injection hook (see the module docstring); does nothing unless asked."""
+    spec = os.environ.get(FAULT_ENV, "")
+    wanted, _, action = spec.partition(":")
+    if wanted != step:
+        return
+    if action == "block":
+        print(f"twin fault: blocked at {step} (pid {os.getpid()})", file=sys.stderr, flush=True)
+        while True:
+            signal.pause()
+    sig = getattr(signal, action or "SIGKILL", None)
+    if not isinstance(sig, signal.Signals):
+        raise ValueError(f"{FAULT_ENV}={spec!r}: action must be SIGKILL, SIGTERM, SIGINT or block")
+    os.kill(os.getpid(), sig)
+    time.sleep(1)  # SIGINT arrives as KeyboardInterrupt at the next bytecode
+
+
+# ------------------------------------------------------------------------ in the child
+
+
+def watch_lifeline() -> None:
+    """In a twin process: leave if the launcher dies before handing the twin over."""
+    fd_text = os.environ.pop(LIFELINE_ENV, None)
+    if not fd_text:
+        return
+    fd = int(fd_text)
+
+    def watch() -> None:
+        try:
+            data = os.read(fd, 1)
+        except OSError:
+            data = b""
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        if data == HANDOVER:
+            return
+        print(f"twin: the process that started me died before handing the twin over; pid {os.getpid()} leaves",
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)  # the server's own clean stop, if it is serving
+        time.sleep(5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="twin-lifeline", daemon=True).start()
+
+
+# -------------------------------------------------------------------------- readiness
+
+
+def wait_ready(role: str, url: str, proc, directory: Path, timeout: float = READY_TIMEOUT_S) -> float:
     """Poll ``url`` until it answers 200; raise naming the role (with its log tail) if it dies or times out."""
     started = time.monotonic()
     deadline = started + timeout
@@ -124,40 +369,69 @@ def log_tail(directory: Path, role: str, lines: int = 6) -> str:
     return " | ".join(text[-lines:]) or "(empty log)"
 
 
-def stop(directory: Path, role: str, timeout: float = 10.0) -> bool:
-    """SIGTERM the role's process group, SIGKILL after ``timeout``; True if something was running."""
+# --------------------------------------------------------------------------- stopping
+
+
+def stop(directory: Path, role: str, timeout: float = 10.0) -> str:
+    """Stop the role's process if it is the one the twin started.
+
+    Returns ``running`` (it was ours and is stopped now), ``stale`` (the pid file named
+    something else or nothing: removed, nothing signalled) or ``absent`` (no pid file).
+    """
     path = pid_file(directory, role)
-    pid = read_pid(path)
-    was_running = alive(pid)
-    if pid is not None and was_running:
-        _signal_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while alive(pid) and time.monotonic() < deadline:
-            _reap(pid)
-            time.sleep(0.02)
-        if alive(pid):
-            _signal_group(pid, signal.SIGKILL)
-            kill_deadline = time.monotonic() + 5
-            while alive(pid) and time.monotonic() < kill_deadline:
-                _reap(pid)
-                time.sleep(0.02)
-        _reap(pid)
-    path.unlink(missing_ok=True)
-    return was_running
+    if not path.exists():
+        identity_file(directory, role).unlink(missing_ok=True)
+        return "absent"
+    proc = ours(directory, role)
+    if proc is None:
+        forget(directory, role)
+        return "stale"
+    pid = proc.pid
+    _signal(proc, signal.SIGTERM)
+    if not _wait_gone(proc, timeout):
+        _signal(proc, signal.SIGKILL)
+        _wait_gone(proc, 5)
+    _reap(pid)
+    forget(directory, role)
+    return "running"
 
 
-def _signal_group(pid: int, sig: int) -> None:
+def _signal(proc: psutil.Process, sig: int) -> None:
+    """Signal the process (and its session's group, which it leads: start_new_session) if still it."""
     try:
-        os.killpg(os.getpgid(pid), sig)
-    except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
+        if not proc.is_running():  # psutil compares the start time: a reused pid is not "running"
+            return
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+    except (ProcessLookupError, PermissionError, psutil.Error):
         pass
+
+
+def _wait_gone(proc: psutil.Process, timeout: float) -> bool:
+    """Wait until ``proc`` has exited. Our own child counts only once reaped: a zombie leader
+    whose other threads are still exiting holds its sockets (a restart would find its port taken)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reaped = _reap(proc.pid)
+        if reaped is True:
+            return True
+        try:
+            if not proc.is_running():
+                return True
+            if reaped is None and proc.status() == psutil.STATUS_ZOMBIE:
+                return True  # not our child: its parent reaps it
+        except psutil.Error:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _reap(pid: int) -> bool | None:
+    """True if reaped now, False if our child is still there, None if not our child."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    return done == pid

@@ -75,10 +75,9 @@ class Router:
                 return web.Response(body=payload, status=decode_resp.status, content_type="application/json")
             prefill_resp, decode_resp = await asyncio.gather(prefill_call, decode_call)
             responses = [prefill_resp, decode_resp]
-            drain = asyncio.get_running_loop().create_task(prefill_resp.read())
             # A gone client closes the prefill connection under the drain: that outcome is expected,
-            # so retrieve it rather than leave "Task exception was never retrieved" in the log.
-            drain.add_done_callback(lambda task: task.cancelled() or task.exception())
+            # so spawn retrieves it rather than leave "Task exception was never retrieved" in the log.
+            drain = httpserver.spawn(prefill_resp.read())
             response = web.StreamResponse(status=decode_resp.status,
                                           headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)

@@ -6,7 +6,8 @@ Every twin process reads them from the inventory alone, so ``twin restart`` and
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import math
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 DEFAULT_WAITING_TIMEOUT_S = 30.0  # sglang: 300 s; shorter so a wedge shows its timeouts in a demo
@@ -35,12 +36,32 @@ class TwinSettings:
     max_prefill_tokens: int = 16384  # tokens per prefill batch
     health_timeout_s: float = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
     log_level: str = "info"
+    created_directory: bool = False  # the twin made ``directory`` itself: ``twin down`` removes it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
+    def check(cls, data: dict[str, Any]) -> None:
+        """Raise ValueError naming the key (``twin.<key>: ...``) for a missing key or a bad type."""
+        for f in fields(cls):
+            if f.name not in data:
+                if f.default is MISSING and f.default_factory is MISSING:
+                    raise ValueError(f"twin.{f.name}: missing (required)")
+                continue
+            value = data[f.name]
+            kind = {"str": str, "bool": bool, "int": int, "float": (int, float)}[str(f.type)]
+            if (kind is not bool and isinstance(value, bool)) or not isinstance(value, kind):
+                expected = "number" if str(f.type) == "float" else str(f.type)
+                raise ValueError(f"twin.{f.name}: expected {expected}, got {type(value).__name__} {value!r}")
+            if str(f.type) == "float" and not math.isfinite(value):
+                raise ValueError(f"twin.{f.name}: expected a finite number, got {value!r}")
+            if f.name.endswith("_port") and not 0 <= value < 65536:
+                raise ValueError(f"twin.{f.name}: {value} is not a TCP port")
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TwinSettings:
+        cls.check(data)
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 

@@ -1,0 +1,101 @@
+"""The inventory reader names the file and the key for every error; --waiting-timeout is checked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import tomli_w
+
+from forensics.twin import api, inventory
+from forensics.twin.settings import TwinSettings
+
+FORENSICS = [sys.executable, "-m", "forensics"]
+
+
+def _twin_doc(tmp_path) -> dict:
+    settings = TwinSettings(directory=str(tmp_path), sglang="0.5.16", sglang_root=str(tmp_path / "site-packages"),
+                            router_port=30000, prefill_port=30001, bootstrap_port=30002, decode_port=30003)
+    return api.build_inventory(settings, tmp_path / "inventory.toml").to_dict()
+
+
+def _write(tmp_path, doc: dict):
+    path = tmp_path / "inventory.toml"
+    path.write_text(tomli_w.dumps(doc))
+    return path
+
+
+def test_a_good_twin_inventory_loads(tmp_path):
+    inv = inventory.load(_write(tmp_path, _twin_doc(tmp_path)))
+    assert inv.is_twin and TwinSettings.from_dict(inv.twin).router_port == 30000
+
+
+def test_non_utf8_bytes_name_the_file_and_offset(tmp_path):
+    path = tmp_path / "inventory.toml"
+    path.write_bytes(b'[deployment]\nname = "caf\xe9"\n')
+    with pytest.raises(inventory.InventoryError) as caught:
+        inventory.load(path)
+    assert str(caught.value) == f"{path}: not UTF-8 text (byte 0xe9 at offset 24, line 2)"
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("directory", None, "twin.directory: missing (required)"),
+    ("sglang_root", None, "twin.sglang_root: missing (required)"),
+    ("prefill_port", "30001", "twin.prefill_port: expected int, got str '30001'"),
+    ("decode_port", True, "twin.decode_port: expected int, got bool True"),
+    ("router_port", 70000, "twin.router_port: 70000 is not a TCP port"),
+    ("patched", "yes", "twin.patched: expected bool, got str 'yes'"),
+    ("waiting_timeout_s", "30", "twin.waiting_timeout_s: expected number, got str '30'"),
+    ("waiting_timeout_s", float("nan"), "twin.waiting_timeout_s: expected a finite number, got nan"),
+])
+def test_twin_table_errors_name_file_and_key(tmp_path, key, value, message):
+    doc = _twin_doc(tmp_path)
+    if value is None:
+        del doc["twin"][key]
+    else:
+        doc["twin"][key] = value
+    path = _write(tmp_path, doc)
+    with pytest.raises(inventory.InventoryError) as caught:
+        inventory.load(path)
+    assert str(caught.value) == f"{path}: {message}"
+
+
+def test_engine_errors_name_file_and_key(tmp_path):
+    doc = _twin_doc(tmp_path)
+    doc["engine"][0]["bootstrap_port"] = "x"
+    path = _write(tmp_path, doc)
+    with pytest.raises(inventory.InventoryError, match=r"engine\[0\]\.bootstrap_port: expected int, got str"):
+        inventory.load(path)
+
+
+@pytest.mark.parametrize("command", ["status", "down", "restart"])
+def test_cli_reports_a_bad_inventory_in_one_line(tmp_path, command):
+    path = tmp_path / "inventory.toml"
+    path.write_bytes(b'[deployment]\nname = "\xff"\n')
+    result = subprocess.run([*FORENSICS, "twin", command, "--inventory", str(path), "--json"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert len(result.stderr.splitlines()) == 1 and str(path) in result.stderr and "not UTF-8" in result.stderr
+    assert "Traceback" not in result.stderr
+    doc = json.loads(result.stdout)
+    assert (doc["exit"], doc["kind"]) == (4, "InventoryError")
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "0", "inf", "-inf"])
+def test_waiting_timeout_must_be_positive_and_finite(tmp_path, value):
+    result = subprocess.run([*FORENSICS, "twin", "up", f"--waiting-timeout={value}", "--dir", str(tmp_path / "t")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--waiting-timeout" in result.stderr and "positive number of seconds" in result.stderr
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan"), 0.0])
+def test_python_waiting_timeout_is_a_usage_problem(tmp_path, value):
+    from forensics.exitcodes import UsageProblem
+
+    with pytest.raises(UsageProblem, match="positive number of seconds"):
+        api.up("0.5.16", waiting_timeout=value, directory=tmp_path / "t")
+    assert not (tmp_path / "t").exists()
