@@ -430,9 +430,10 @@ class VerifyResult:
 def patched_file_for(source, original: Path) -> tuple[Path, list[dict]]:
     """The patched conn.py for this release, cached by the original's and the codemod's hashes."""
     from forensics.cache import cache_dir
+    from forensics.sglang_source import verified_read_text
     from patched_engine import codemod, snippets
 
-    text = original.read_text(encoding="utf-8")
+    text = verified_read_text(original)  # a cached release's file: checked against its recorded sha256
     digest = hashlib.sha256()
     for part in (text, Path(codemod.__file__).read_text(), Path(snippets.__file__).read_text()):
         digest.update(part.encode("utf-8"))
@@ -513,7 +514,7 @@ def verify_release(spec: str | Path, *, nixl: bool = True) -> VerifyResult:
     :class:`~forensics.exitcodes.EnvironmentProblem` when the patched file cannot be written
     to the cache; every other way the check cannot run is an INCONCLUSIVE result.
     """
-    from forensics.sglang_source import SourceError, resolve
+    from forensics.sglang_source import CacheIntegrityError, SourceError, resolve
     from patched_engine.codemod import PatchError
 
     started = time.perf_counter()
@@ -532,6 +533,8 @@ def verify_release(spec: str | Path, *, nixl: bool = True) -> VerifyResult:
     try:
         source = resolve(spec)
         original = source.backend_file("nixl")
+    except CacheIntegrityError:
+        raise  # a cached file that cannot be trusted nor restored: exit 4 naming it, not "undecided"
     except SourceError as exc:
         return inconclusive(f"could not get the release's source: {exc}", str(spec))
     # Two independent interpreters side by side; the unpatched one starts while the codemod

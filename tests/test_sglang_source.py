@@ -24,7 +24,8 @@ def test_fetch_keeps_checksum_and_only_srt():
 
 def test_directory_copy_reports_its_version(tmp_path):
     source = sglang_source.fetch("0.5.23")
-    shutil.copytree(source.root / "sglang", tmp_path / "site" / "sglang")
+    # copyfile: the cache's files are read-only, this copy is edited below (as any user)
+    shutil.copytree(source.root / "sglang", tmp_path / "site" / "sglang", copy_function=shutil.copyfile)
     (tmp_path / "site" / "sglang" / "_version.py").write_text("__version__ = version = '0.5.23'\n")
     copy = sglang_source.from_directory(tmp_path / "site")
     assert copy.version == "0.5.23" and copy.origin == "directory"

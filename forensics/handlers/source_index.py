@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forensics.handlers.model import UNPARSEABLE, UNREADABLE_FILE, Gap, Unreadable
+from forensics.sglang_source import verified_read_bytes
 
 SHARED_DIRS = ("common", "base")
 PACKAGE = "sglang.srt.disaggregation"
@@ -110,7 +111,8 @@ class SourceIndex:
     def _add(self, path: Path) -> None:
         relpath = str(path.relative_to(self.root))
         try:
-            data = path.read_bytes()
+            # A cached release's file is checked against its recorded sha256 (restored, or exit 4).
+            data = verified_read_bytes(path)
         except OSError as exc:
             self._unreadable(relpath, path, "a readable Python module",
                              f"cannot be read: {exc.strerror or exc}", None, UNREADABLE_FILE)

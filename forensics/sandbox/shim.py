@@ -35,6 +35,7 @@ from pathlib import Path
 
 from forensics.sandbox.errors import SandboxError, UnexpectedImport
 from forensics.sandbox.stubs import StubModule, StubRule, rules_for
+from forensics.sglang_source import verify_file
 
 DISAGGREGATION = "sglang.srt.disaggregation"
 BARE_PACKAGES = ("sglang", "sglang.srt")
@@ -117,6 +118,7 @@ class ReleaseFinder(importlib.abc.MetaPathFinder):
         if fullname in REAL_OUTSIDE_DISAGGREGATION:
             file = self.release.root.joinpath(*fullname.split(".")).with_suffix(".py")
             if file.is_file():
+                verify_file(file)  # a cached release's file: checked against its recorded sha256
                 self.release.real.append(fullname)
                 return importlib.util.spec_from_file_location(fullname, file)
         for rule in self.rules:
@@ -141,6 +143,8 @@ class ReleaseFinder(importlib.abc.MetaPathFinder):
                     f"sglang {self.release.version}: {fullname} is not in the tree at {self.release.root} "
                     f"(no {relative}.py or {relative}/; imported by {_importer()})"
                 )
+            if spec.has_location and spec.origin:
+                verify_file(spec.origin)  # a cached release's file: checked against its recorded sha256
             self.release.real.append(fullname)
             return spec
         raise UnexpectedImport(fullname, _importer(), self.release.version)
@@ -154,8 +158,12 @@ def _version_of(root: Path) -> str:
     """The release number of a tree: the wheel cache's manifest, else ``_version.py``/``version.py``."""
     manifest = root.parent / "manifest.json"
     if manifest.is_file():
-        version = json.loads(manifest.read_text()).get("version")
-        if version:
+        try:
+            data = json.loads(manifest.read_text())
+        except ValueError:  # a corrupt manifest: fall back to the version files
+            data = None
+        version = data.get("version") if isinstance(data, dict) else None
+        if isinstance(version, str) and version:
             return version
     for name in ("_version.py", "version.py"):
         path = root / "sglang" / name
