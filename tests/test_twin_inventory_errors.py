@@ -99,3 +99,20 @@ def test_python_waiting_timeout_is_a_usage_problem(tmp_path, value):
     with pytest.raises(UsageProblem, match="positive number of seconds"):
         api.up("0.5.16", waiting_timeout=value, directory=tmp_path / "t")
     assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("name", ["twin dir", "it's $(touch pwned); {role}", "ünïcode\tand\nnewline"])
+def test_the_restart_line_quotes_its_paths(tmp_path, name):
+    import shlex
+    import sys
+
+    from forensics.twin.api import build_inventory
+    from forensics.twin.settings import TwinSettings
+
+    directory = tmp_path / name
+    inventory_path = directory / "inventory.toml"
+    settings = TwinSettings(directory=str(directory), sglang="0.5.15", sglang_root=str(directory / "site-packages"))
+    built = build_inventory(settings, inventory_path)
+    for engine in built.engines:
+        assert shlex.split(engine.restart) == [sys.executable, "-m", "forensics", "twin", "restart", engine.role,
+                                               "--inventory", str(inventory_path)]

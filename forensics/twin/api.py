@@ -466,10 +466,16 @@ def _apply_patch(site: Path, version: str) -> None:
 
 
 def build_inventory(settings: TwinSettings, inventory_path: Path) -> inventory_mod.Inventory:
+    import shlex
     import sys
 
     directory = Path(settings.directory)
-    restart = f"{sys.executable} -m forensics twin restart {{role}} --inventory {inventory_path}"
+
+    def restart(role: str) -> str:
+        # A shell command line, as a live inventory's systemctl line is: every path quoted.
+        return shlex.join([sys.executable, "-m", "forensics", "twin", "restart", role,
+                           "--inventory", str(inventory_path)])
+
     engines = []
     for role, port in (("prefill", settings.prefill_port), ("decode", settings.decode_port),
                        ("router", settings.router_port)):
@@ -481,7 +487,7 @@ def build_inventory(settings: TwinSettings, inventory_path: Path) -> inventory_m
             stderr_file=str(processes.log_file(directory, role)),
             process="sglang::router" if role == "router" else "sglang::scheduler",
             pid_file=str(processes.pid_file(directory, role)),
-            restart=restart.format(role=role),
+            restart=restart(role),
         ))
     return inventory_mod.Inventory(
         name=f"twin-{settings.sglang}-{settings.backend}{'-patched' if settings.patched else ''}",
