@@ -21,6 +21,8 @@ _LAZY_SUBMODULES = {
     "twin",
     "cache",
     "exitcodes",
+    "hosts",
+    "collectors",
 }
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -52,6 +52,14 @@ class LeakGuard:
 _guard = LeakGuard()
 
 
+def _alive(pid: int) -> bool:
+    """Running and not a zombie; a process that ends while we look is not a leak."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 @pytest.fixture(scope="session")
 def leak_guard() -> LeakGuard:
     return _guard
@@ -70,7 +78,7 @@ def _no_leaked_processes_or_ports(request):
         except ChildProcessError:
             pass
         leaked = _guard.children() - before_children - _guard.allowed_pids
-        leaked = {pid for pid in leaked if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
+        leaked = {pid for pid in leaked if _alive(pid)}
         tree = (_guard.children() | {os.getpid()}) - _guard.allowed_pids
         sockets = {s for s in _guard.listening(tree) if s not in before_listening}
         if not leaked and not sockets:
@@ -95,3 +103,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "live" in item.keywords:
             item.add_marker(skip_live)
+
+
+@pytest.fixture(scope="session")
+def sshd(leak_guard):
+    """A real OpenSSH server on 127.0.0.1 (``tests/sshd_helpers.py``), shared by the session."""
+    from sshd_helpers import skip_reason, start_sshd
+
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    server = start_sshd()
+    leak_guard.allow(server.proc.pid)
+    yield server
+    server.stop()

@@ -1,0 +1,758 @@
+"""Queue metrics: sglang's ``/metrics`` pages scraped into a long Evidence frame.
+
+Three pieces, each usable alone:
+
+* :func:`parse_exposition` reads the Prometheus text exposition format (what sglang's
+  ``/metrics`` serves through prometheus_client) into columns: sample name, canonical
+  labels, value (float64), the value's text exactly as printed, family type.
+* :class:`MetricsScraper` scrapes every target in its own background thread at an
+  interval (idle = waiting on an ``Event``), one record per scrape, failed ones included.
+* :class:`MetricsSeries` is the result: ``to_frame()`` (schema :data:`SAMPLES_SCHEMA`),
+  ``scrapes_frame()`` (:data:`SCRAPES_SCHEMA`), rates of counters, canonical names for the
+  gauges sglang renamed (table ``renames.toml``), and it renders itself in a notebook.
+
+The schemas are documented in docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import tomllib
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "SAMPLES_SCHEMA",
+    "SCRAPES_SCHEMA",
+    "SCRAPE_OK_METRIC",
+    "ExpositionPage",
+    "ExpositionParseError",
+    "MetricsScraper",
+    "MetricsSeries",
+    "add_rates",
+    "canonical_name",
+    "labels_dict",
+    "parse_exposition",
+    "renames",
+]
+
+# --------------------------------------------------------------------------------------------
+# Schemas (documented in docs/metrics.md; validated where frames are built)
+
+SAMPLES_SCHEMA: dict[str, str] = {
+    "ts": "datetime64[ns, UTC]",  # when the scrape started
+    "role": "string",
+    "host": "string",
+    "url": "string",  # the /metrics URL scraped
+    "metric": "string",  # the sample name as scraped (``_total``, ``_bucket`` ... included)
+    "metric_canonical": "string",  # the same series under its current name (renames.toml)
+    "type": "string",  # the family's ``# TYPE`` (counter, gauge, histogram, summary, untyped)
+    "labels": "string",  # canonical: sorted by name, ``k="v",k2="v2"``, values escaped as printed
+    "value": "float64",
+    "value_int": "Int64",  # exact integer when the text is an integer that fits int64, else <NA>
+    "value_text": "string",  # the value exactly as printed (exact beyond 2**53 and 2**63)
+    "rate": "float64",  # per second since the previous scrape of the series (cumulative samples only)
+    "scrape_ok": "bool",
+    "error": "string",  # why the scrape failed; <NA> on rows of a good scrape
+}
+
+SCRAPES_SCHEMA: dict[str, str] = {
+    "ts": "datetime64[ns, UTC]",
+    "role": "string",
+    "host": "string",
+    "url": "string",
+    "ok": "bool",
+    "error": "string",
+    "http_status": "Int64",
+    "duration_s": "float64",
+    "samples": "Int64",
+}
+
+# Every scrape adds one row of this synthetic gauge to the samples frame: 1.0 ok, 0.0 failed
+# (with ``error``), so a failed scrape is a row, never a silent gap.
+SCRAPE_OK_METRIC = "forensics:scrape_ok"
+
+
+def _conform(frame: pd.DataFrame, schema: dict[str, str]) -> pd.DataFrame:
+    """Check (and fix only the harmless parts of) a frame against its schema."""
+    missing = [c for c in schema if c not in frame.columns]
+    if missing:
+        raise ValueError(f"frame lacks columns {missing}")
+    frame = frame[list(schema)]
+    for column, dtype in schema.items():
+        if str(frame[column].dtype) != dtype:
+            raise TypeError(f"column {column!r} is {frame[column].dtype}, schema says {dtype}")
+    return frame
+
+
+def _empty(schema: dict[str, str]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series([], dtype=d) for c, d in schema.items()})
+
+
+# --------------------------------------------------------------------------------------------
+# Renamed metrics: one table, data
+
+RENAMES_FILE = Path(__file__).with_name("renames.toml")
+
+
+@lru_cache(maxsize=1)
+def renames() -> dict[str, str]:
+    """``{scraped name: canonical name}`` for every rename in ``renames.toml``."""
+    table = tomllib.loads(RENAMES_FILE.read_text(encoding="utf-8"))
+    mapping: dict[str, str] = {}
+    for row in table.get("rename", []):
+        canonical = row["canonical"]
+        for name in row["names"]:
+            if name in mapping and mapping[name] != canonical:
+                raise ValueError(f"{RENAMES_FILE}: {name!r} renamed to both {mapping[name]!r} and {canonical!r}")
+            mapping[name] = canonical
+    return mapping
+
+
+_SAMPLE_SUFFIXES = ("_total", "_created", "_bucket", "_count", "_sum", "_gcount", "_gsum", "_info")
+
+
+def canonical_name(name: str) -> str:
+    """The current name of a sample name (a renamed family keeps its sample suffix)."""
+    table = renames()
+    if name in table:
+        return table[name]
+    for suffix in _SAMPLE_SUFFIXES:
+        if name.endswith(suffix) and name[: -len(suffix)] in table:
+            return table[name[: -len(suffix)]] + suffix
+    return name
+
+
+# --------------------------------------------------------------------------------------------
+# The text exposition format
+
+_SAMPLE_RE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+(\S+))?[ \t]*\r?$")
+_LABEL_RE = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|$)')
+_UNESCAPE_RE = re.compile(r"\\(.)")
+_UNESCAPES = {"n": "\n", '"': '"', "\\": "\\"}
+
+
+class ExpositionParseError(ValueError):
+    """A line of a /metrics page that is not the text exposition format."""
+
+    def __init__(self, lineno: int, line: str, why: str) -> None:
+        super().__init__(f"line {lineno}: {why}: {line[:200]!r}")
+        self.lineno = lineno
+        self.line = line
+
+
+def labels_dict(canonical: str) -> dict[str, str]:
+    """The label names and (unescaped) values of a canonical label string."""
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(canonical):
+        m = _LABEL_RE.match(canonical, pos)
+        if m is None:
+            raise ValueError(f"not a canonical label string: {canonical!r}")
+        value = m.group(2)
+        if "\\" in value:
+            value = _UNESCAPE_RE.sub(lambda e: _UNESCAPES.get(e.group(1), "\\" + e.group(1)), value)
+        out[m.group(1)] = value
+        pos = m.end()
+    return out
+
+
+_LABEL_TIGHT_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def _canonical_labels(raw: str, lineno: int, line: str) -> str:
+    # Fast path: the tight form prometheus_client writes (k="v",k2="v2"), checked by length.
+    pairs = _LABEL_TIGHT_RE.findall(raw)
+    if pairs:
+        tight = [f'{k}="{v}"' for k, v in pairs]
+        if ",".join(tight) == (raw[:-1] if raw[-1] == "," else raw):
+            keys = [k for k, _ in pairs]
+            if len(set(keys)) == len(keys):
+                return ",".join([t for _, t in sorted(zip(keys, tight, strict=True))])
+    pairs = []
+    pos = 0
+    end = len(raw)
+    while pos < end:
+        m = _LABEL_RE.match(raw, pos)
+        if m is None:
+            if raw[pos:].strip() == "":
+                break
+            raise ExpositionParseError(lineno, line, "bad label set")
+        pairs.append((m.group(1), m.group(2)))
+        pos = m.end()
+        if m.group(3) == "":
+            if raw[pos:].strip():
+                raise ExpositionParseError(lineno, line, "bad label set")
+            break
+    pairs.sort()
+    for a, b in zip(pairs, pairs[1:]):
+        if a[0] == b[0]:
+            raise ExpositionParseError(lineno, line, f"label {a[0]!r} twice")
+    return ",".join(f'{k}="{v}"' for k, v in pairs)
+
+
+def _family_of(name: str, types: dict[str, str]) -> tuple[str, bool]:
+    """(family type, cumulative) of a sample name: cumulative samples get rates."""
+    if name in types:
+        kind = types[name]
+        return kind, kind == "counter"
+    for suffix in _SAMPLE_SUFFIXES:
+        if name.endswith(suffix):
+            base = name[: -len(suffix)]
+            if base in types:
+                kind = types[base]
+                if suffix == "_created":
+                    return kind, False
+                if kind == "counter":
+                    return kind, suffix == "_total"
+                if kind in ("histogram", "summary"):
+                    return kind, suffix in ("_bucket", "_count", "_sum")
+                return kind, False
+    return "untyped", False
+
+
+def _exact_int(text: str) -> int | None:
+    """The integer a value's text spells exactly (``12``, ``-3``, ``7.0``), else None."""
+    body = text[1:] if text[:1] in "+-" else text
+    head, dot, frac = body.partition(".")
+    if not head.isdigit() or not head.isascii():
+        return None
+    if dot and frac.strip("0"):
+        return None
+    return int(head) if text[:1] != "-" else -int(head)
+
+
+@dataclass
+class ExpositionPage:
+    """One parsed /metrics page, column by column (one entry per sample line)."""
+
+    metric: list[str] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    value: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
+    value_text: list[str] = field(default_factory=list)
+    type: list[str] = field(default_factory=list)
+    cumulative: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
+    types: dict[str, str] = field(default_factory=dict)  # family -> ``# TYPE``
+
+    def __len__(self) -> int:
+        return len(self.metric)
+
+    def exact(self, i: int) -> int | float:
+        """Sample ``i``'s value: an exact ``int`` where its text is an integer, else the float."""
+        got = _exact_int(self.value_text[i])
+        return got if got is not None else float(self.value[i])
+
+    def value_int(self) -> pd.Series:
+        """Nullable Int64 of the exact integers (int64 range), built from a buffer and a mask."""
+        n = len(self)
+        buf = np.zeros(n, dtype=np.int64)
+        mask = np.ones(n, dtype=bool)
+        v = self.value
+        with np.errstate(invalid="ignore"):
+            candidates = np.flatnonzero(np.isfinite(v) & (np.floor(v) == v))
+        texts = self.value_text
+        for i in candidates.tolist():
+            got = _exact_int(texts[i])
+            if got is not None and -(2**63) <= got < 2**63:
+                buf[i] = got
+                mask[i] = False
+        return pd.Series(pd.arrays.IntegerArray(buf, mask))
+
+    def to_frame(self) -> pd.DataFrame:
+        """metric, metric_canonical, type, labels, value, value_int, value_text."""
+        metric = pd.Series(self.metric, dtype="string")
+        return pd.DataFrame({
+            "metric": metric,
+            "metric_canonical": pd.Series([canonical_name(m) for m in self.metric], dtype="string"),
+            "type": pd.Series(self.type, dtype="string"),
+            "labels": pd.Series(self.labels, dtype="string"),
+            "value": self.value,
+            "value_int": self.value_int(),
+            "value_text": pd.Series(self.value_text, dtype="string"),
+        })
+
+
+class _ParseCache:
+    """Label strings and sample-name facts shared by the pages of one target."""
+
+    def __init__(self) -> None:
+        self.labels: dict[str, str] = {}
+        self.names: dict[tuple[str, str], tuple[str, bool]] = {}
+
+
+def parse_exposition(text: str | bytes, *, cache: _ParseCache | None = None) -> ExpositionPage:
+    """Parse a Prometheus text exposition page (format 0.0.4) into columns.
+
+    Histograms and summaries come as their ``_bucket``/``_sum``/``_count`` (and quantile)
+    samples; ``# HELP`` and other comments are skipped; a sample's own timestamp is read and
+    ignored. A line that is not the format raises :class:`ExpositionParseError` naming it.
+    """
+    if isinstance(text, bytes | bytearray | memoryview):
+        text = bytes(text).decode("utf-8")
+    cache = cache or _ParseCache()
+    label_cache = cache.labels
+    name_cache = cache.names
+    types: dict[str, str] = {}
+    metrics: list[str] = []
+    labels: list[str] = []
+    values: list[float] = []
+    texts: list[str] = []
+    kinds: list[str] = []
+    cumulative: list[bool] = []
+    match = _SAMPLE_RE.match
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line:
+            continue
+        if line[0] == "#":
+            if line.startswith("# TYPE "):
+                parts = line.split()
+                if len(parts) != 4:
+                    raise ExpositionParseError(lineno, line, "bad TYPE line")
+                types[parts[2]] = parts[3]
+            continue
+        m = match(line)
+        if m is None:
+            if line.isspace():
+                continue
+            raise ExpositionParseError(lineno, line, "not a sample line")
+        name, raw, vtext, _timestamp = m.groups()
+        if raw:
+            canon = label_cache.get(raw)
+            if canon is None:
+                canon = label_cache[raw] = _canonical_labels(raw, lineno, line)
+        else:
+            canon = ""
+        try:
+            values.append(float(vtext))
+        except ValueError:
+            raise ExpositionParseError(lineno, line, "bad value") from None
+        key = (name, types.get(name) or types.get(name.rsplit("_", 1)[0], ""))
+        facts = name_cache.get(key)
+        if facts is None:
+            facts = name_cache[key] = _family_of(name, types)
+        metrics.append(name)
+        labels.append(canon)
+        texts.append(vtext)
+        kinds.append(facts[0])
+        cumulative.append(facts[1])
+    return ExpositionPage(metrics, labels, np.array(values, dtype=np.float64), texts, kinds,
+                          np.array(cumulative, dtype=bool), types)
+
+
+# --------------------------------------------------------------------------------------------
+# Rates
+
+
+def _ns(ts: pd.Series) -> np.ndarray:
+    """Nanoseconds since the epoch of a tz-aware (or naive UTC) datetime column."""
+    return pd.DatetimeIndex(ts).as_unit("ns").asi8
+
+
+def add_rates(frame: pd.DataFrame, cumulative: pd.Series | np.ndarray | None = None) -> pd.Series:
+    """Per-second rates of cumulative samples between consecutive scrapes of the same series.
+
+    A series is (role, host, url, metric, labels). ``cumulative`` marks the rows that are
+    counters (``_total``) or histogram/summary ``_bucket``/``_count``/``_sum``; by default
+    the counter rows. The first scrape of a series has no rate (NaN); a value lower than the
+    previous one is a counter reset, counted as Prometheus does (the increase is the new
+    value, never negative). Returns a float64 Series aligned with ``frame``.
+    """
+    index = frame.index
+    frame = frame.reset_index(drop=True)
+    rate = np.full(len(frame), np.nan)
+    if cumulative is None:
+        cumulative = (frame["type"] == "counter") & frame["metric"].str.endswith("_total")
+    sel = np.flatnonzero(np.asarray(cumulative, dtype=bool) & frame["scrape_ok"].to_numpy(dtype=bool))
+    if len(sel) == 0:
+        return pd.Series(rate, index=index, dtype="float64")
+    sub = frame.iloc[sel]
+    keys = ["role", "host", "url", "metric", "labels"]
+    order = sub.sort_values([*keys, "ts"], kind="stable").index
+    sub = sub.loc[order]
+    same = sub.groupby(keys, sort=False, observed=True).cumcount().to_numpy() > 0  # sorted: prev row = prev scrape
+    value = sub["value"].to_numpy(dtype=np.float64)
+    prev = np.roll(value, 1)
+    ts_ns = _ns(sub["ts"])
+    dt = (ts_ns - np.roll(ts_ns, 1)) / 1e9
+    with np.errstate(invalid="ignore", divide="ignore"):
+        increase = np.where(value >= prev, value - prev, value)  # a reset: the counter restarted at 0
+        r = np.where(same & (dt > 0), increase / np.where(dt > 0, dt, 1.0), np.nan)
+    rate[order.to_numpy()] = r
+    return pd.Series(rate, index=index, dtype="float64")
+
+
+# --------------------------------------------------------------------------------------------
+# The scraper
+
+
+@dataclass
+class _Scrape:
+    ts_ns: int
+    role: str
+    host: str
+    url: str
+    ok: bool
+    error: str | None
+    http_status: int | None
+    duration_s: float
+    page: ExpositionPage | None
+
+
+def metrics_url(url: str) -> str:
+    """An engine's base URL (``http://10.0.3.17:30000``) or its /metrics URL, as the /metrics URL."""
+    parts = urllib.parse.urlsplit(url if "//" in url else f"http://{url}")
+    path = parts.path.rstrip("/")
+    if not path.endswith("/metrics"):
+        path = f"{path}/metrics"
+    return urllib.parse.urlunsplit((parts.scheme or "http", parts.netloc, path, parts.query, ""))
+
+
+def redact_url(url: str) -> str:
+    """The URL as recorded in Evidence: a password in it never reaches a frame (``user:***@``)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code} {exc.reason}"
+    if isinstance(exc, urllib.error.URLError):
+        reason = exc.reason
+        if isinstance(reason, BaseException):
+            return f"{type(reason).__name__}: {reason}"
+        return f"URLError: {reason}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def scrape_once(role: str, host: str, url: str, *, timeout_s: float = 5.0,
+                cache: _ParseCache | None = None) -> _Scrape:
+    """One scrape of one target: a record that says ok or why not (never raises for the target)."""
+    target = metrics_url(url)
+    ts_ns = time.time_ns()
+    started = time.perf_counter()
+    status: int | None = None
+    try:
+        request = urllib.request.Request(target, headers={"Accept": "text/plain;version=0.0.4"})
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (an engine URL)
+            status = response.status
+            body = response.read()
+        page = parse_exposition(body, cache=cache)
+    except Exception as exc:  # every failure is evidence: recorded, not raised
+        if isinstance(exc, urllib.error.HTTPError):
+            status = exc.code
+            exc.close()
+        return _Scrape(ts_ns, role, host, redact_url(target), False, _describe(exc), status,
+                       time.perf_counter() - started, None)
+    return _Scrape(ts_ns, role, host, redact_url(target), True, None, status, time.perf_counter() - started, page)
+
+
+class MetricsScraper:
+    """Scrape ``/metrics`` of every target every ``interval_s`` seconds in background threads.
+
+    ``targets`` is a list of ``(role, host, url)``; ``url`` is the engine's base URL or its
+    /metrics URL. Each target has its own thread (a slow or dead engine never delays another),
+    which waits on one ``Event`` between scrapes. Use as a context manager, or ``start()`` and
+    ``stop()`` (which joins). ``result()`` gives a :class:`MetricsSeries` at any time.
+    """
+
+    def __init__(self, targets: Iterable[Sequence[str]], interval_s: float = 1.0, *,
+                 timeout_s: float | None = None, max_scrapes: int | None = None) -> None:
+        self.targets = [(str(t[0]), str(t[1]), str(t[2])) for t in targets]
+        if not self.targets:
+            raise ValueError("no targets to scrape")
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, not {interval_s!r}")
+        self.interval_s = float(interval_s)
+        self.timeout_s = float(timeout_s) if timeout_s is not None else max(1.0, min(10.0, 5 * self.interval_s))
+        self.max_scrapes = max_scrapes
+        self._stop = threading.Event()
+        self._changed = threading.Condition()
+        self._scrapes: list[_Scrape] = []
+        self._counts = [0] * len(self.targets)
+        self._ok_counts = [0] * len(self.targets)
+        self._failed_counts = [0] * len(self.targets)
+        self._threads: list[threading.Thread] = []
+
+    # lifecycle
+    def start(self) -> MetricsScraper:
+        if self._threads:
+            raise RuntimeError("scraper already started")
+        self._stop.clear()
+        for index, (role, host, url) in enumerate(self.targets):
+            thread = threading.Thread(target=self._run, args=(index, role, host, url),
+                                      name=f"metrics-scraper-{role}-{host}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        return self
+
+    def stop(self) -> MetricsSeries:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(self.timeout_s + 10.0)
+        alive = [t.name for t in self._threads if t.is_alive()]
+        if alive:
+            raise RuntimeError(f"scraper threads did not end: {alive}")
+        self._threads = []
+        return self.result()
+
+    def __enter__(self) -> MetricsScraper:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        return any(t.is_alive() for t in self._threads)
+
+    def _run(self, index: int, role: str, host: str, url: str) -> None:
+        cache = _ParseCache()
+        next_at = time.monotonic()
+        done = 0
+        while not self._stop.is_set():
+            record = scrape_once(role, host, url, timeout_s=self.timeout_s, cache=cache)
+            done += 1
+            with self._changed:
+                self._scrapes.append(record)
+                self._counts[index] += 1
+                (self._ok_counts if record.ok else self._failed_counts)[index] += 1
+                self._changed.notify_all()
+            if self.max_scrapes is not None and done >= self.max_scrapes:
+                return
+            next_at += self.interval_s
+            now = time.monotonic()
+            if next_at < now:  # a scrape overran: skip the missed slots rather than burst
+                next_at = now
+            if self._stop.wait(next_at - now):
+                return
+
+    def wait_for(self, scrapes: int, timeout: float, *, ok: bool | None = None) -> bool:
+        """Block until every target has ``scrapes`` scrapes (only good / failed ones with ``ok``)."""
+        counts = self._counts if ok is None else (self._ok_counts if ok else self._failed_counts)
+        with self._changed:
+            return self._changed.wait_for(lambda: min(counts) >= scrapes, timeout)
+
+    def result(self) -> MetricsSeries:
+        with self._changed:
+            scrapes = list(self._scrapes)
+        return MetricsSeries.from_scrapes(scrapes)
+
+
+# --------------------------------------------------------------------------------------------
+# The result
+
+
+def _samples_frame(scrapes: list[_Scrape]) -> pd.DataFrame:
+    """All scrapes into one long frame, column by column (no per-scrape frames)."""
+    if not scrapes:
+        return _empty(SAMPLES_SCHEMA)
+    combined = ExpositionPage()
+    metric, labels, texts, kinds = combined.metric, combined.labels, combined.value_text, combined.type
+    values: list[np.ndarray] = []
+    cumulative: list[np.ndarray] = []
+    lengths = np.empty(len(scrapes), dtype=np.int64)
+    for i, s in enumerate(scrapes):
+        page = s.page if s.ok and s.page is not None else ExpositionPage()
+        # one scrape_ok row first, then the page's samples
+        metric.append(SCRAPE_OK_METRIC)
+        labels.append("")
+        texts.append("1" if s.ok else "0")
+        kinds.append("gauge")
+        metric.extend(page.metric)
+        labels.extend(page.labels)
+        texts.extend(page.value_text)
+        kinds.extend(page.type)
+        values.append(np.array([1.0 if s.ok else 0.0]))
+        values.append(page.value)
+        cumulative.append(np.zeros(1, dtype=bool))
+        cumulative.append(page.cumulative)
+        lengths[i] = len(page) + 1
+    combined.value = np.concatenate(values)
+    combined.cumulative = np.concatenate(cumulative)
+
+    def per_scrape(items: list, dtype: str) -> pd.Series:
+        return pd.Series(np.repeat(np.array(items, dtype=object), lengths), dtype=dtype)
+
+    metric_col = pd.Series(metric, dtype="string")
+    names = pd.unique(metric_col)
+    ts = np.repeat(np.array([s.ts_ns for s in scrapes], dtype=np.int64), lengths)
+    frame = pd.DataFrame({
+        "ts": pd.Series(pd.DatetimeIndex(ts.view("datetime64[ns]")).tz_localize("UTC")),
+        "role": per_scrape([s.role for s in scrapes], "string"),
+        "host": per_scrape([s.host for s in scrapes], "string"),
+        "url": per_scrape([s.url for s in scrapes], "string"),
+        "metric": metric_col,
+        "metric_canonical": metric_col.map({n: canonical_name(n) for n in names}).astype("string"),
+        "type": pd.Series(kinds, dtype="string"),
+        "labels": pd.Series(labels, dtype="string"),
+        "value": combined.value,
+        "value_int": combined.value_int(),
+        "value_text": pd.Series(texts, dtype="string"),
+        "scrape_ok": np.repeat(np.array([s.ok for s in scrapes], dtype=bool), lengths),
+        "error": per_scrape([s.error for s in scrapes], "string"),
+    })
+    frame["rate"] = add_rates(frame, combined.cumulative)
+    return _conform(frame, SAMPLES_SCHEMA)
+
+
+def _scrapes_frame(scrapes: list[_Scrape]) -> pd.DataFrame:
+    if not scrapes:
+        return _empty(SCRAPES_SCHEMA)
+    n = len(scrapes)
+    status = np.array([s.http_status or 0 for s in scrapes], dtype=np.int64)
+    frame = pd.DataFrame({
+        "ts": pd.Series(np.array([s.ts_ns for s in scrapes], dtype="datetime64[ns]")).dt.tz_localize("UTC"),
+        "role": pd.Series([s.role for s in scrapes], dtype="string"),
+        "host": pd.Series([s.host for s in scrapes], dtype="string"),
+        "url": pd.Series([s.url for s in scrapes], dtype="string"),
+        "ok": np.array([s.ok for s in scrapes], dtype=bool),
+        "error": pd.Series([s.error for s in scrapes], dtype="string"),
+        "http_status": pd.Series(pd.arrays.IntegerArray(
+            status, np.array([s.http_status is None for s in scrapes], dtype=bool))),
+        "duration_s": np.array([s.duration_s for s in scrapes], dtype=np.float64),
+        "samples": pd.Series(pd.arrays.IntegerArray(
+            np.array([len(s.page) if s.page is not None else 0 for s in scrapes], dtype=np.int64),
+            np.zeros(n, dtype=bool))),
+    })
+    return _conform(frame.sort_values("ts", kind="stable").reset_index(drop=True), SCRAPES_SCHEMA)
+
+
+# Units read off sglang's metric-name suffixes (data): (suffix, unit).
+UNIT_SUFFIXES: tuple[tuple[str, str], ...] = (
+    ("_seconds", "s"),
+    ("_ms", "ms"),
+    ("_gb_s", "GB/s"),
+    ("_mb", "MB"),
+    ("_bytes", "bytes"),
+    ("_reqs", "requests"),
+    ("_requests", "requests"),
+    ("_tokens", "tokens"),
+    ("_throughput", "tokens/s"),
+    ("_usage", "fraction"),
+    ("_rate", "fraction"),
+)
+
+
+def unit_of(metric: str, *, rate: bool = False) -> str:
+    """The unit of a sample name (per second when ``rate``), read from its suffix."""
+    name = metric
+    for suffix in ("_total", "_count", "_sum", "_bucket"):
+        if name.endswith(suffix):
+            if suffix in ("_count", "_bucket"):
+                return "observations/s" if rate else "observations"
+            name = name[: -len(suffix)]
+            break
+    unit = next((u for s, u in UNIT_SUFFIXES if name.endswith(s)), "count")
+    if metric == SCRAPE_OK_METRIC:
+        unit = "1 = scrape ok"
+    return f"{unit}/s" if rate else unit
+
+
+class MetricsSeries:
+    """Scraped samples (:data:`SAMPLES_SCHEMA`) and scrape records (:data:`SCRAPES_SCHEMA`)."""
+
+    def __init__(self, samples: pd.DataFrame, scrapes: pd.DataFrame) -> None:
+        self.samples = _conform(samples, SAMPLES_SCHEMA)
+        self.scrapes = _conform(scrapes, SCRAPES_SCHEMA)
+
+    @classmethod
+    def from_scrapes(cls, scrapes: list[_Scrape]) -> MetricsSeries:
+        scrapes = sorted(scrapes, key=lambda s: s.ts_ns)
+        return cls(_samples_frame(scrapes), _scrapes_frame(scrapes))
+
+    def to_frame(self) -> pd.DataFrame:
+        """The long samples frame (one row per sample per scrape, plus one scrape_ok row each)."""
+        return self.samples
+
+    def scrapes_frame(self) -> pd.DataFrame:
+        return self.scrapes
+
+    def select(self, metric: str) -> pd.DataFrame:
+        """Rows of one metric, matched by canonical or scraped name (so both old and new names)."""
+        frame = self.samples
+        wanted = canonical_name(metric)
+        return frame[(frame["metric_canonical"] == wanted) | (frame["metric"] == metric)]
+
+    def summary(self) -> pd.DataFrame:
+        """Per target: scrapes, failures, last error, first and last time, series seen."""
+        rows = []
+        for (role, host, url), group in self.scrapes.groupby(["role", "host", "url"], sort=True, observed=True):
+            failed = group[~group["ok"]]
+            series = self.samples[(self.samples["role"] == role) & (self.samples["host"] == host)
+                                  & (self.samples["url"] == url) & self.samples["scrape_ok"]]
+            rows.append({
+                "role": role, "host": host, "url": url,
+                "scrapes": len(group), "failed": len(failed),
+                "last_error": failed["error"].iloc[-1] if len(failed) else "",
+                "first": group["ts"].min(), "last": group["ts"].max(),
+                "series": int(series[["metric", "labels"]].drop_duplicates().shape[0]) - 1 if len(series) else 0,
+            })
+        return pd.DataFrame(rows, columns=["role", "host", "url", "scrapes", "failed", "last_error", "first",
+                                           "last", "series"])
+
+    def _title(self) -> str:
+        failed = int((~self.scrapes["ok"]).sum())
+        return (f"MetricsSeries: {len(self.scrapes)} scrapes ({failed} failed), "
+                f"{len(self.samples)} sample rows")
+
+    def __repr__(self) -> str:
+        return f"<{self._title()}>"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        table = self.summary().to_html(index=False, na_rep="", escape=True)
+        return f"<div><strong>{html.escape(self._title())}</strong>{table}</div>"
+
+    def __rich__(self):
+        from rich.table import Table
+
+        table = Table(title=self._title())
+        summary = self.summary()
+        for column in summary.columns:
+            table.add_column(column)
+        for row in summary.itertuples(index=False):
+            table.add_row(*[("" if pd.isna(v) else str(v)) for v in row],
+                          style="red" if row.failed else None)
+        return table
+
+    def plot(self, metric: str, *, rate: bool | None = None, ax=None):
+        """Plot one metric over time, one line per (role, host, labels); counters as rates.
+
+        ``rate`` defaults to True for counters (cumulative samples with rates). Returns the axes.
+        """
+        rows = self.select(metric)
+        rows = rows[rows["scrape_ok"]]
+        if rate is None:
+            rate = bool(rows["rate"].notna().any())
+        if ax is None:
+            import matplotlib.pyplot as plt
+
+            _, ax = plt.subplots(figsize=(9, 3.5))
+        column = "rate" if rate else "value"
+        for (role, host, labels), group in rows.groupby(["role", "host", "labels"], sort=True, observed=True):
+            group = group.sort_values("ts")
+            name = f"{role}@{host}" + (f" {{{labels}}}" if labels else "")
+            ax.plot(group["ts"].dt.tz_convert("UTC").dt.tz_localize(None), group[column].to_numpy(),
+                    marker=".", label=name)
+        shown = canonical_name(metric)
+        ax.set_title(shown + (" (rate)" if rate else ""))
+        ax.set_xlabel("time (UTC)")
+        ax.set_ylabel(f"{shown} [{unit_of(shown, rate=rate)}]")
+        if len(rows):
+            ax.legend(fontsize="small", loc="best")
+        return ax
