@@ -29,7 +29,7 @@ import click
 
 from forensics.exitcodes import ExitStatus, ForensicsError, status_word
 
-_state = {"emitted": False, "json": False}
+_state = {"emitted": False}  # whether this command printed its one --json document
 
 
 def wants_json(argv: list[str]) -> bool:
@@ -129,7 +129,6 @@ def run(group: click.Group, argv: list[str] | None = None) -> NoReturn:
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = wants_json(args)
     _state["emitted"] = False
-    _state["json"] = as_json
     try:
         returned = group.main(args=args, prog_name="forensics", standalone_mode=False)
     except SystemExit as exit_:
