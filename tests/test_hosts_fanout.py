@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import socket
 import time
-import uuid
 
 import psutil
 import pytest
 from sshd_helpers import free_port
 
 from forensics.hosts import LocalHost, SSHHost, State, iter_many, run_many
+from tests.process_helpers import sleep_marker
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(240)]
 
@@ -19,7 +19,7 @@ CONNECT_TIMEOUT_S = 8.0
 
 
 def test_good_host_arrives_while_dead_and_hanging_ones_time_out(sshd):
-    marker = f"{600 + uuid.uuid4().int % 1000 / 1000:.3f}"
+    marker = sleep_marker()
     # A listener that never answers: TCP connects, the SSH banner never comes.
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))

@@ -8,29 +8,16 @@ import time
 import tracemalloc
 import uuid
 
-import psutil
 import pytest
 
 from forensics.hosts import LocalHost, State
+from tests.process_helpers import gone, procs_with, sleep_marker
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _procs_with_arg(marker: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        if marker in " ".join(p.info["cmdline"] or []):
-            found.append(p)
-    return found
 
 
-def _gone(marker: str, within: float = 20.0) -> bool:
-    deadline = time.monotonic() + within
-    while _procs_with_arg(marker):
-        if time.monotonic() > deadline:
-            return False
-        psutil.wait_procs(_procs_with_arg(marker), timeout=0.5)
-    return True
 
 
 def test_ok_failed_error_states():
@@ -45,12 +32,12 @@ def test_ok_failed_error_states():
 
 
 def test_timeout_kills_the_command_and_its_children():
-    marker = f"{600 + int(uuid.uuid4().int % 1000) / 1000:.3f}"
+    marker = sleep_marker()
     start = time.monotonic()
     r = LocalHost().run(["sh", "-c", f"sleep {marker} & trap '' TERM; sleep {marker}; wait"], timeout=1)
     assert r.state is State.TIMED_OUT and r.exit_code is None and r.error
     assert time.monotonic() - start < 30
-    assert _gone(marker), [p.cmdline() for p in _procs_with_arg(marker)]
+    assert gone(marker), [p.cmdline() for p in procs_with(marker)]
 
 
 def test_byte_cap_truncates_and_says_so():
@@ -78,10 +65,10 @@ def test_stream_is_chunked_and_bounded_in_memory():
 
 
 def test_closing_a_stream_early_stops_the_command():
-    marker = f"{600 + int(uuid.uuid4().int % 1000) / 1000:.3f}"
+    marker = sleep_marker()
     with LocalHost().stream(["sh", "-c", f"echo first; exec sleep {marker}"], timeout=300) as s:
         assert next(iter(s)) == b"first\n"
-    assert _gone(marker)
+    assert gone(marker)
 
 
 def test_arguments_pass_literally():
@@ -104,7 +91,7 @@ def test_read_put_iter_file(tmp_path):
 
 
 def test_command_dies_at_its_deadline_even_when_the_caller_is_killed():
-    marker = f"{600 + int(uuid.uuid4().int % 1000) / 1000:.3f}"
+    marker = sleep_marker()
     script = (
         "import sys, time\n"
         "from forensics.hosts import LocalHost\n"
@@ -121,5 +108,5 @@ def test_command_dies_at_its_deadline_even_when_the_caller_is_killed():
         caller.kill()
         caller.wait(30)
         caller.stdout.close()
-    assert _procs_with_arg(marker)  # orphaned, still running ...
-    assert _gone(marker, within=4 + 2 + 30)  # ... until its own timeout(1) wrapper ends it
+    assert procs_with(marker)  # orphaned, still running ...
+    assert gone(marker, within=4 + 2 + 30)  # ... until its own timeout(1) wrapper ends it

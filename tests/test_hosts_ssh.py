@@ -17,6 +17,7 @@ from sshd_helpers import keygen
 
 from forensics.exitcodes import EnvironmentProblem, ExitStatus
 from forensics.hosts import ChangedHostKey, SSHHost, State, UnknownHostKey, fingerprint
+from tests.process_helpers import gone, procs_with, sleep_marker
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(180)]
 
@@ -31,21 +32,10 @@ def _openssh_fingerprint(pub_file) -> str:
     return out.split()[1]
 
 
-def _procs_with(marker: str) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
 
 
-def _gone(marker: str, within: float = 20.0) -> bool:
-    deadline = time.monotonic() + within
-    while _procs_with(marker):
-        if time.monotonic() > deadline:
-            return False
-        psutil.wait_procs(_procs_with(marker), timeout=0.5)
-    return True
 
 
-def _marker() -> str:
-    return f"{600 + uuid.uuid4().int % 1000 / 1000:.3f}"
 
 
 def test_run_states_exit_codes_and_output(sshd):
@@ -60,30 +50,30 @@ def test_run_states_exit_codes_and_output(sshd):
 
 
 def test_timed_out_command_does_not_outlive_its_deadline_remotely(sshd):
-    marker = _marker()  # "sleep 600.xyz": a process we can find on the sshd side
+    marker = sleep_marker()  # "sleep 600.xyz": a process we can find on the sshd side
     with _host(sshd) as h:
         start = time.monotonic()
         r = h.run(["sleep", marker], timeout=2)
         assert r.state is State.TIMED_OUT and r.exit_code is None, r
         assert time.monotonic() - start < 2 + 2 + 30
-        assert _gone(marker), [p.cmdline() for p in _procs_with(marker)]
+        assert gone(marker), [p.cmdline() for p in procs_with(marker)]
         # A command that ignores SIGTERM, with a child, is killed all the same (KILL after 2 s).
         r = h.run(["sh", "-c", f"trap '' TERM; sleep {marker} & sleep {marker}; wait"], timeout=2)
         assert r.state is State.TIMED_OUT
-        assert _gone(marker), [p.cmdline() for p in _procs_with(marker)]
+        assert gone(marker), [p.cmdline() for p in procs_with(marker)]
 
 
 def test_remote_command_dies_at_deadline_even_when_we_vanish(sshd):
-    marker = _marker()
+    marker = sleep_marker()
     h = _host(sshd)
     with h.stream(["sh", "-c", f"echo go; exec sleep {marker}"], timeout=8) as s:
         it = iter(s)
         assert next(it) == b"go\n"
         h.close()  # the connection is gone; nobody closes the channel politely
         # Dropping the connection alone does not end it (no pty, no SIGHUP) ...
-        assert _procs_with(marker)
+        assert procs_with(marker)
     # ... its own timeout(1) wrapper does, on the remote side.
-    assert _gone(marker, within=8 + 2 + 30)
+    assert gone(marker, within=8 + 2 + 30)
 
 
 def test_byte_cap_truncates(sshd):
@@ -248,7 +238,7 @@ def test_ssh_agent_authenticates_without_a_key_file(sshd, tmp_path, monkeypatch)
 
 
 def test_connection_dropped_mid_command_is_disconnected(sshd):
-    marker = _marker()
+    marker = sleep_marker()
     with _host(sshd) as h:
         s = h.stream(["sh", "-c", f"echo go; exec sleep {marker}"], timeout=8)
         it = iter(s)
@@ -267,4 +257,4 @@ def test_connection_dropped_mid_command_is_disconnected(sshd):
         r = s.result
         assert time.monotonic() - start < 30
     assert r.state is State.DISCONNECTED and r.exit_code is None and "closed" in r.error, r
-    assert _gone(marker, within=8 + 2 + 30)  # the orphaned command still ends at its deadline
+    assert gone(marker, within=8 + 2 + 30)  # the orphaned command still ends at its deadline
