@@ -59,7 +59,11 @@ def test_twin_table_errors_name_file_and_key(tmp_path, key, value, message):
     path = _write(tmp_path, doc)
     with pytest.raises(inventory.InventoryError) as caught:
         inventory.load(path)
-    assert str(caught.value) == f"{path}: {message}"
+    # The line is the key's own, or the [twin] header's for a missing key.
+    lines = path.read_text().splitlines()
+    wanted = f"{key} = " if value is not None else "[twin]"
+    line = next(i for i, text in enumerate(lines, 1) if text.startswith(wanted) and i > lines.index("[twin]"))
+    assert str(caught.value) == f"{path}:{line}: {message}"
 
 
 def test_engine_errors_name_file_and_key(tmp_path):
