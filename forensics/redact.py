@@ -1,0 +1,208 @@
+"""Secrets are redacted when they are collected, so nothing downstream can leak them.
+
+Every collector that reads something a secret can hide in (a command line, a process
+environment, an engine's server args) passes it through this module before building its
+result: the key stays, the value becomes :data:`REDACTED`, so a reader knows something was
+there without seeing it. The rules (docs/settings.md):
+
+* **names**: an environment variable, server arg, JSON key, query parameter or command-line
+  flag whose name looks secret (:func:`is_secret_name`: api_key, apikey, token, secret,
+  password, passwd, auth, credential, private_key, access_key ..., any case, any separator,
+  camelCase too) keeps its name and loses its value;
+* **text**: anywhere in free text, ``Authorization:`` header values, ``Bearer <token>``,
+  ``Basic <base64>``, the password in a URL's userinfo (``http://user:<redacted>@host``),
+  secret-named query parameters, ``NAME=value`` / ``--name=value`` / ``--name value`` pairs
+  with a secret name, and values shaped like well-known tokens (``hf_...``, ``sk-...``,
+  ``AKIA...``, ``ghp_...``, ``xox?-...``) whatever their key;
+* **structures**: :func:`redact_argv` (argv lists, ``--api-key X`` and ``--api-key=X``),
+  :func:`redact_env` (mappings of environment variables), :func:`redact_value` (nested
+  JSON: dicts, lists, strings).
+
+``None``, ``False`` and empty values of secret names are kept as they are: they say "not
+set", which is worth knowing and hides nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "REDACTED",
+    "is_secret_name",
+    "redact_argv",
+    "redact_env",
+    "redact_text",
+    "redact_url",
+    "redact_value",
+]
+
+REDACTED = "<redacted>"
+
+# Whole words (after splitting a name on separators and camelCase) that mark a secret.
+_SECRET_WORDS = frozenset({
+    "token", "secret", "secrets", "password", "passwd", "pwd", "passphrase", "auth", "authorization",
+    "credential", "credentials", "apikey", "cookie", "sessionid", "bearer",
+})
+# Adjacent word pairs that mark a secret ("api key", "private key", "access key", ...).
+_SECRET_PAIRS = frozenset({
+    ("api", "key"), ("private", "key"), ("access", "key"), ("secret", "key"), ("client", "secret"),
+    ("auth", "token"), ("access", "token"), ("refresh", "token"), ("session", "token"), ("signing", "key"),
+    ("encryption", "key"), ("master", "key"), ("account", "key"), ("service", "key"),
+})
+# Substrings of the name with separators removed: glued forms such as OPENAI_APIKEY, mysecret.
+_SECRET_GLUED = ("apikey", "password", "passwd", "secret", "credential", "privatekey", "accesskey",
+                 "authtoken", "accesstoken", "bearertoken")
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_SPLIT = re.compile(r"[^A-Za-z0-9]+")
+
+
+def _words(name: str) -> list[str]:
+    return [w.lower() for part in _SPLIT.split(name) for w in _CAMEL.split(part) if w]
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a key, variable, parameter or flag name looks like it holds a secret.
+
+    ``HF_TOKEN``, ``--api-key``, ``apiKey``, ``admin_api_key``, ``AWS_SECRET_ACCESS_KEY``,
+    ``db.password`` are; ``max_total_tokens``, ``tokenizer_path``, ``author`` are not.
+    """
+    if not isinstance(name, str) or not name:
+        return False
+    words = _words(name)
+    if any(w in _SECRET_WORDS for w in words):
+        return True
+    if any(pair in _SECRET_PAIRS for pair in zip(words, words[1:])):
+        return True
+    glued = "".join(words)
+    return any(s in glued for s in _SECRET_GLUED)
+
+
+def _keep_as_is(value: Any) -> bool:
+    """Values that say "not set" and hide nothing: None, booleans, empty strings and containers."""
+    return value is None or isinstance(value, bool) or (isinstance(value, (str, bytes, list, tuple, dict)) and not value)
+
+
+# ---------------------------------------------------------------------------------------- text
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
+_AUTH_HEADER = re.compile(
+    r"(?i)(\b(?:proxy-)?authorization\b[\"']?\s*[:=]\s*[\"']?)((?:bearer|basic|token|digest|negotiate)\s+)?"
+    r"([^\s\"',;]+)"
+)
+_BEARER = re.compile(r"(?i)(\bbearer\s+)([A-Za-z0-9._~+/=\-]{6,})")
+_BASIC = re.compile(r"(\bBasic\s+)([A-Za-z0-9+/]{6,}={0,2})")
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@?#]*:)([^/\s@?#]+)(@)")
+_QUERY = re.compile(r"([?&;])([^=&#\s]+)=([^&#\s\"']*)")
+# NAME=value, --name=value, "name": "value", name: value (the value up to a separator).
+_ASSIGN = re.compile(
+    r"(?<![A-Za-z0-9_.\-])(-{0,2}[\"']?)(" + _NAME + r")([\"']?\s*(?:=|:\s*)\s*)"
+    r"(\"[^\"]*\"|'[^']*'|[^\s,;&}\]\"']+)"
+)
+# --name value (a flag with a secret name followed by its value).
+_FLAG_SPACE = re.compile(r"(?<![A-Za-z0-9_])(--?" + _NAME + r")(\s+)(\"[^\"]*\"|'[^']*'|[^\s\-][^\s]*)")
+_TOKEN_SHAPES = re.compile(
+    r"\b(?:hf_[A-Za-z0-9]{20,}|sk-(?:proj-|ant-)?[A-Za-z0-9_\-]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}"
+    r"|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}|xox[abprs]-[A-Za-z0-9\-]{10,}"
+    r"|glpat-[A-Za-z0-9_\-]{20,})"
+)
+
+
+_HEADER_NAMES = ("authorization", "proxy-authorization")  # their values: _AUTH_HEADER (keeps the scheme)
+
+
+def redact_url(url: str) -> str:
+    """The URL with the password of its userinfo and secret-named query values redacted."""
+    return redact_text(url)
+
+
+def _quoted(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return value[0] + REDACTED + value[0]
+    return REDACTED
+
+
+def redact_text(text: str) -> str:
+    """Free text with every secret the rules above can see replaced by :data:`REDACTED`."""
+    if not isinstance(text, str) or not text:
+        return text
+    text = _AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) or "") + REDACTED, text)
+    text = _BEARER.sub(lambda m: m.group(1) + REDACTED if m.group(2) != REDACTED else m.group(0), text)
+    text = _BASIC.sub(lambda m: m.group(1) + REDACTED, text)
+    text = _URL_USERINFO.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
+    text = _QUERY.sub(
+        lambda m: m.group(1) + m.group(2) + "=" + REDACTED if is_secret_name(m.group(2)) and m.group(3) else m.group(0),
+        text,
+    )
+    text = _ASSIGN.sub(
+        lambda m: m.group(1) + m.group(2) + m.group(3) + _quoted(m.group(4))
+        if is_secret_name(m.group(2)) and m.group(2).lower() not in _HEADER_NAMES else m.group(0),
+        text,
+    )
+    text = _FLAG_SPACE.sub(
+        lambda m: m.group(1) + m.group(2) + _quoted(m.group(3))
+        if is_secret_name(m.group(1).lstrip("-")) and "=" not in m.group(1) else m.group(0),
+        text,
+    )
+    return _TOKEN_SHAPES.sub(REDACTED, text)
+
+
+# ----------------------------------------------------------------------------------- structures
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """An argument list with ``--secret value``, ``--secret=value`` and secrets in text redacted."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        arg = str(arg)
+        if hide_next:
+            hide_next = False
+            if not arg.startswith("-") or arg == "-":
+                out.append(REDACTED)
+                continue
+        if arg.startswith("-") and len(arg) > 1:
+            name, eq, value = arg.partition("=")
+            if is_secret_name(name.lstrip("-")):
+                if eq:
+                    out.append(f"{name}={REDACTED}" if value else arg)
+                else:
+                    out.append(arg)
+                    hide_next = True
+                continue
+        name, eq, value = arg.partition("=")
+        if eq and value and _NAME_RE.fullmatch(name) and is_secret_name(name):
+            out.append(f"{name}={REDACTED}")  # NAME=value, as `env NAME=value cmd` passes it
+            continue
+        out.append(redact_text(arg))
+    return out
+
+
+_NAME_RE = re.compile(_NAME)
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Environment variables: secret names keep their name with :data:`REDACTED`; other values pass through :func:`redact_text`."""
+    return {
+        name: (value if _keep_as_is(value) else REDACTED) if is_secret_name(name) else redact_text(value)
+        for name, value in env.items()
+    }
+
+
+def redact_value(value: Any, key: str | None = None) -> Any:
+    """A JSON-like value (dicts, lists, strings, numbers) with every secret redacted, recursively.
+
+    ``key`` is the name the value is stored under, when there is one: a secret name hides
+    the whole value (unless it says "not set": None, False, empty).
+    """
+    if key is not None and is_secret_name(str(key)) and not _keep_as_is(value):
+        return REDACTED
+    if isinstance(value, Mapping):
+        return {k: redact_value(v, str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact_value(v) for v in value)
+    if isinstance(value, str):
+        return redact_text(value)
+    return value
