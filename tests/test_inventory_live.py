@@ -631,3 +631,16 @@ def test_the_format_document_lists_every_key():
         body = doc.split(heading, 1)[1].split("\n#", 1)[0]
         rows = re.findall(r"^\| `([a-z_]+)` \|", body, re.M)
         assert sorted(rows) == sorted(keys), heading
+
+
+def test_a_journal_source_can_name_the_unit_it_filters(tmp_path):
+    from forensics.inventory import loads
+
+    inv = loads('[deployment]\nname = "j"\n\n[[engine]]\nrole = "prefill"\nhost = "local"\nurl = "http://127.0.0.1:1"\n'
+                'bootstrap_port = 8998\nlogs = { journal_dir = "/var/log/journal/remote", unit = "sglang-prefill.service" }\n\n'
+                '[[engine]]\nrole = "decode"\nhost = "local"\nurl = "http://127.0.0.1:2"\nlogs = { unit = "sglang-decode" }\n',
+                "j.toml")
+    prefill, decode = inv.engines
+    assert (prefill.log_source.kind, prefill.log_source.value, prefill.log_source.unit) == (
+        "journal_dir", "/var/log/journal/remote", "sglang-prefill.service")
+    assert (decode.log_source.kind, decode.log_source.value, decode.log_source.unit) == ("unit", "sglang-decode", None)

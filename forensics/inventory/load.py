@@ -345,6 +345,12 @@ class _Checker:
         raw = self.table(raw, where, '{ unit = "sglang-prefill.service" }')
         self.only(raw, where, LOG_KINDS, "log source")
         given = [k for k in LOG_KINDS if k in raw]
+        journal = [k for k in given if k in ("journal_file", "journal_dir")]
+        if journal and "unit" in given:
+            # A journal file or folder holds many units: ``unit`` then filters it (journalctl -u).
+            given.remove("unit")
+            if len(given) == 1:
+                return LogSpec(journal[0], self.get(raw, where, journal[0], str), unit=self.get(raw, where, "unit", str))
         if len(given) != 1:
             got = "none" if not given else f"{len(given)}: {', '.join(given)}"
             raise self.error(where, f"give exactly one log source ({', '.join(LOG_KINDS)}), got {got}")

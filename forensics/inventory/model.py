@@ -107,9 +107,13 @@ class LogSpec:
 
     kind: str  # one of LOG_KINDS
     value: str | tuple[str, ...]
+    unit: str | None = None  # journal_file / journal_dir only: read this unit's entries (journalctl -u)
 
     def to_dict(self) -> dict[str, Any]:
-        return {self.kind: list(self.value) if isinstance(self.value, tuple) else self.value}
+        data: dict[str, Any] = {self.kind: list(self.value) if isinstance(self.value, tuple) else self.value}
+        if self.unit is not None:
+            data["unit"] = self.unit
+        return data
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,10 @@ file into memory, and a gzip is decompressed in bounded steps, so a gzip bomb co
 more memory than its plain text would. Problems (a missing file, a gzip that ends early,
 a line longer than ``MAX_LINE``, journalctl failing) become ``Problem`` records naming
 the source (and line when known); what was read before the problem is kept.
+
+A ``kind="stream"`` source reads whatever its ``opener`` returns (``forensics.logs.remote``
+builds them for logs on a host: journalctl over SSH, SFTP, a command), peeked and
+chunked the same way.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ import subprocess
 import sys
 import threading
 import zlib
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from forensics.exitcodes import EnvironmentProblem, UsageProblem
@@ -44,7 +48,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 JOURNAL_SUFFIXES = (".journal", ".journal~")
 STDIN = "-"
 STDIN_LABEL = "<stdin>"
-KINDS = ("auto", "file", "journal", "skipped")
+KINDS = ("auto", "file", "journal", "skipped", "stream")
 FORMAT_ALIASES = {"auto": None, "short-iso-precise": "short-iso"}  # short-iso's regex reads both
 STDERR_TAIL = 64 << 10  # how much of journalctl's stderr is kept (``_JournalStream.stderr``)
 STDERR_LINES, STDERR_LINE_CHARS = 3, 240  # how much of it a problem message quotes
@@ -79,6 +83,14 @@ class LogSource:
       a directory (reading one could block forever; ``grep -r`` skips them too), of a
       directory it cannot list and of an empty one. Opening it raises ``SourceError``
       saying why, so the scan's problems name it. Name a FIFO directly to read it.
+    * ``stream``: bytes from ``opener()``, called when the scan reaches the source: an
+      object with ``read(size)``, ``close()`` and optionally ``fmt`` (``"json"`` for
+      journalctl's output). ``forensics.logs.remote`` builds these for logs that live on a
+      ``Host`` (a journal read through ``journalctl`` over SSH, a file over SFTP, a command's
+      output). ``opener`` may raise ``SourceError`` (nothing could be read: the scan records
+      an unreadable problem); ``read`` may raise ``SourceReadError`` once what it had was
+      read (the problem keeps what came before). gzip is unpacked as for files. ``name``
+      is its label (a path cannot say "which host"); ``path`` is only a placeholder.
 
     ``fmt`` states the text format instead of sniffing it: ``plain``, ``short-iso``
     (``short-iso-precise`` is read the same way), ``short-precise`` or ``json``; ``auto``
@@ -94,6 +106,8 @@ class LogSource:
     role: str | None = None
     unit: str | None = None
     fmt: str | None = None
+    name: str | None = None  # the label, when a path cannot name the source (a host's journal)
+    opener: Callable[[], object] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Frozen: normalise through object.__setattr__, once, where every source is made.
@@ -114,6 +128,9 @@ class LogSource:
                 raise SourceSpecError(f"unknown log format {fmt!r} for {self.label} "
                                       f"(expected one of {', '.join((*FORMATS, *FORMAT_ALIASES))})")
             object.__setattr__(self, "fmt", FORMAT_ALIASES.get(fmt, fmt))
+        if (self.kind == "stream") != (self.opener is not None):
+            raise SourceSpecError(f"{self.label}: kind='stream' and an opener go together "
+                                  f"(kind={self.kind!r}, opener={'set' if self.opener else 'missing'})")
         if self.kind == "journal" and self.fmt not in (None, "json"):
             raise SourceSpecError(f"{self.label}: a binary journal is read through journalctl as json; "
                                   f"format {self.fmt!r} cannot apply (kind='file' reads a text file)")
@@ -124,6 +141,8 @@ class LogSource:
 
     @property
     def label(self) -> str:
+        if self.name:
+            return self.name
         return STDIN_LABEL if self.is_stdin else str(self.path)
 
     def guessed_role(self) -> str | None:
@@ -203,7 +222,7 @@ def as_sources(items: Iterable[str | os.PathLike | LogSource], *, role: str | No
 
 
 def _expand(source: LogSource) -> list[LogSource]:
-    if source.is_stdin or source.kind in ("journal", "skipped"):
+    if source.is_stdin or source.kind in ("journal", "skipped", "stream"):
         return [source]
     mode = _mode_of(source.path)
     if mode is None:
@@ -358,6 +377,8 @@ def open_stream(source: LogSource) -> _Stream:
         raise _unreadable(source.label, _why_skipped(source.path))
     if source.kind == "journal":
         return _JournalStream(source)
+    if source.kind == "stream":
+        return _open_opener(source)
     stream = PeekableStream(*_open_raw(source), fmt=source.fmt)
     try:
         head = stream.peek(len(JOURNAL_MAGIC))
@@ -370,6 +391,28 @@ def open_stream(source: LogSource) -> _Stream:
             return _JournalStream(replace(source, kind="journal", fmt=None))
         raise _unreadable(source.label, "is a binary journal arriving through a pipe; journalctl reads "
                                         "journal files only: save it to a file and name that")
+    if head.startswith(GZIP_MAGIC):
+        return _GzipStream(stream, source.label, fmt=source.fmt)
+    return stream
+
+
+def _open_opener(source: LogSource) -> _Stream:
+    """A ``kind="stream"`` source: its opener's bytes, peeked like a file's (gzip unpacked)."""
+    raw = source.opener()
+    fmt = source.fmt or getattr(raw, "fmt", None)
+    stream = PeekableStream(raw, fmt=fmt)
+    try:
+        head = stream.peek(len(JOURNAL_MAGIC))
+    except SourceError:
+        stream.close()
+        raise
+    except OSError as exc:
+        stream.close()
+        raise _unreadable(source.label, f"cannot read ({exc.strerror or exc})") from exc
+    if head == JOURNAL_MAGIC and fmt != "json":
+        stream.close()
+        raise _unreadable(source.label, "is a binary journal file, not text: read it through journalctl "
+                                        "(kind 'journal_file' for a file, 'journal_dir' for a directory)")
     if head.startswith(GZIP_MAGIC):
         return _GzipStream(stream, source.label, fmt=source.fmt)
     return stream
