@@ -1,0 +1,29 @@
+"""``fx.diagnose``: a verdict from evidence, a bundle folder, or a live inventory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forensics.evidence import Evidence
+from forensics.exitcodes import UsageProblem
+
+from .rules import decide
+from .verdict import Verdict
+
+
+def diagnose(evidence: Evidence | None = None, *, inventory: Any = None, bundle: Any = None,
+             **collect_options: Any) -> Verdict:
+    """The verdict on ``evidence``; or on a bundle folder (``bundle=``); or, live, on an
+    inventory or twin (``inventory=``: collected first with ``collect_options``)."""
+    given = [x is not None for x in (evidence, inventory, bundle)]
+    if sum(given) != 1:
+        raise UsageProblem("diagnose needs exactly one of: evidence, inventory=, bundle=")
+    if bundle is not None:
+        from forensics.bundle import open_bundle
+
+        evidence = open_bundle(bundle)
+    elif inventory is not None:
+        from forensics.collection import collect
+
+        evidence = collect(inventory, **collect_options)
+    return decide(evidence)

@@ -1,0 +1,78 @@
+"""The kill chain in words, from the evidence behind a WEDGED or DOWN verdict.
+
+For a wedge: the ABORT for room R at T1, the bootstrap thread's death at T2, nothing
+bootstrapped since, N requests stuck, health still 200. Each step says where it was read;
+a step the evidence cannot show is left out rather than guessed.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from forensics.evidence import Evidence
+
+from .signals import BOOTSTRAP_QUEUE, Signal
+
+
+def _iso(ts) -> str:
+    return "at an unknown time" if ts is None or pd.isna(ts) else pd.Timestamp(ts).isoformat(timespec="milliseconds")
+
+
+def kill_chain(evidence: Evidence, signals: list[Signal], verdict: str) -> list[str]:
+    if verdict == "DOWN":
+        return [f"{s.engine}: {s.says}" for s in signals if s.kind == "down"]
+    steps: list[str] = []
+    events = evidence.frame("events")
+    death = next((s for s in signals if s.name == "thread_death_logged"), None)
+    if events is not None and len(events) and death is not None and death.at is not None:
+        from forensics.logs.summary import TRIGGER_WINDOW, TRIGGERS
+
+        before = events[events["signature"].isin(TRIGGERS) & events["ts"].notna()
+                        & (events["ts"] <= death.at) & (events["ts"] >= death.at - TRIGGER_WINDOW)]
+        with_room = before[before["room"].notna()]
+        pick = with_room if len(with_room) else before
+        if len(pick):
+            row = {name: pick[name].iloc[-1] for name in pick.columns}
+            room = "" if pd.isna(row["room"]) else f" for room {int(row['room'])}"
+            steps.append(f"{row['signature']}{room} on the {row['role']} at {_iso(row['ts'])} "
+                         f"[{row['source']}:{row['line']}]")
+    if death is not None:
+        steps.append(f"bootstrap thread death on {death.engine}: {death.says}")
+    missing = next((s for s in signals if s.name == "bootstrap_thread_missing"), None)
+    if missing is not None:
+        steps.append(f"thread dump: {missing.says}")
+    lies = next((s for s in signals if s.name == "health_lies"), None)
+    if lies is not None:
+        steps.append(f"no request completes since: {lies.says}")
+    stuck = _stuck_requests(evidence)
+    if stuck:
+        steps.append(stuck)
+    health = _health_still_ok(evidence)
+    if health:
+        steps.append(health)
+    return steps
+
+
+def _stuck_requests(evidence: Evidence) -> str | None:
+    samples = evidence.frame("metrics")
+    if samples is None or not len(samples):
+        return None
+    gauge = samples[samples["metric_canonical"] == BOOTSTRAP_QUEUE]
+    if not len(gauge):
+        return None
+    last_ts = gauge["ts"].max()
+    value = gauge.loc[gauge["ts"] == last_ts, "value"].sum()
+    if value <= 0:
+        return None
+    return f"{int(value)} request(s) in the prefill bootstrap queue ({BOOTSTRAP_QUEUE} at {_iso(last_ts)})"
+
+
+def _health_still_ok(evidence: Evidence) -> str | None:
+    probes = evidence.frame("probes")
+    if probes is None or not len(probes):
+        return None
+    health = probes[probes["kind"].isin(("health", "health_generate")) & (probes["outcome"] == "ok")]
+    if not len(health):
+        return None
+    last = health.sort_values("ts").iloc[-1]
+    return f"health still 200: {len(health)} health probe(s) passed, the last {last['kind']} on {last['target']} at {_iso(last['ts'])}"
