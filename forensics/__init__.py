@@ -23,6 +23,21 @@ _LAZY_SUBMODULES = {
     "exitcodes",
     "hosts",
     "collectors",
+    "inventory",
+    "probes",
+    "threads",
+    "evidence",
+    "collection",
+    "bundle",
+    "diagnosis",
+    "redact",
+}
+
+# Public functions, imported lazily from their modules on first access (``fx.diagnose(...)``).
+_LAZY_FUNCTIONS = {
+    "collect": ("forensics.collection", "collect"),
+    "diagnose": ("forensics.diagnosis.entry", "diagnose"),
+    "watch": ("forensics.watching", "watch"),
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,8 +49,13 @@ def __getattr__(name: str) -> Any:
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module
+    if name in _LAZY_FUNCTIONS:
+        module_name, attribute = _LAZY_FUNCTIONS[name]
+        value = getattr(importlib.import_module(module_name), attribute)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'forensics' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _LAZY_SUBMODULES)
+    return sorted(set(globals()) | _LAZY_SUBMODULES | set(_LAZY_FUNCTIONS))

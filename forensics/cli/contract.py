@@ -60,6 +60,19 @@ def emit(doc: dict) -> None:
     sys.stdout.flush()
 
 
+def emit_line(doc: dict) -> None:
+    """One JSON line of a streaming command (``watch --json``): the lines stand for its document."""
+    from forensics.cli.render import encode_json
+
+    if "status" not in doc or "exit" not in doc:
+        raise ValueError("a --json line needs 'status' and 'exit'")  # a bug in the command
+    data = encode_json(doc)
+    _state["emitted"] = True
+    sys.stdout.buffer.write(data + b"\n") if hasattr(sys.stdout, "buffer") else sys.stdout.write(
+        data.decode() + "\n")
+    sys.stdout.flush()
+
+
 def conclude(as_json: bool, status: int, doc: dict, human: Callable[[], None] | None = None,
              word: str | None = None) -> NoReturn:
     """End a command with its answer: the document (JSON) or the human rendering, then the status."""

@@ -1,0 +1,39 @@
+"""``forensics diagnose (--inventory FILE | --bundle DIR)``: HEALTHY, WEDGED, DEGRADED, DOWN or INCONCLUSIVE."""
+
+from __future__ import annotations
+
+import click
+
+from forensics.cli.contract import conclude
+from forensics.cli.live_options import inventory_option, json_option, sample_option, since_option
+
+
+@click.command(name="diagnose")
+@inventory_option
+@click.option("--bundle", "bundle", type=click.Path(file_okay=False), default=None,
+              help="a bundle folder written by 'forensics collect'")
+@since_option
+@sample_option
+@json_option
+def command(inventory, bundle, since, sample_s, as_json) -> None:
+    """Diagnose a deployment, live (--inventory) or from a collected bundle (--bundle).
+
+    Exit 0 HEALTHY, 1 WEDGED, DEGRADED or DOWN, 3 INCONCLUSIVE. WEDGED rests on at least
+    two independent signals, never on a timeout alone.
+    """
+    from forensics.diagnosis.entry import diagnose
+    from forensics.exitcodes import UsageProblem
+
+    if (inventory is None) == (bundle is None):
+        raise UsageProblem("diagnose needs exactly one of --inventory FILE or --bundle DIR")
+    if bundle is not None:
+        verdict = diagnose(bundle=bundle)
+    else:
+        verdict = diagnose(inventory=inventory, since=since, sample_s=sample_s)
+
+    def human() -> None:
+        from forensics.cli.render import console
+
+        console().print(verdict)
+
+    conclude(as_json, verdict.exit_status, verdict.to_dict(), human, word=verdict.status)

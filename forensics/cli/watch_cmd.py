@@ -1,0 +1,54 @@
+"""``forensics watch --inventory FILE [--for 10m]``: print each verdict change as it happens."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from forensics.cli.contract import conclude, emit_line
+from forensics.cli.live_options import inventory_option, json_option, positive_seconds
+
+
+@click.command(name="watch")
+@inventory_option
+@click.option("--for", "for_s", default=None, callback=positive_seconds,
+              help="stop after this long (default: until Ctrl-C)")
+@click.option("--interval", "interval_s", default="1s", show_default=True, callback=positive_seconds,
+              help="how often probes, scrapes and thread dumps run")
+@json_option
+def command(inventory, for_s, interval_s, as_json) -> None:
+    """Probe and sample continuously; print every verdict change (one JSON line each with --json).
+
+    Exits with the last verdict's status (0 HEALTHY, 1 WEDGED/DEGRADED/DOWN, 3 INCONCLUSIVE).
+    """
+    import threading
+
+    from forensics.exitcodes import UsageProblem
+    from forensics.watching import watch
+
+    if inventory is None:
+        raise UsageProblem("watch needs --inventory FILE (a twin's is printed by 'forensics twin up')")
+    stop = threading.Event()
+    live = sys.stdout.isatty() and not as_json
+
+    def on_change(verdict, previous) -> None:
+        if as_json:
+            doc = {"status": verdict.status, "exit": int(verdict.exit_status), "change": True,
+                   "previous": previous.verdict if previous else None, **verdict.to_dict()}
+            emit_line(doc)
+        elif live:
+            from forensics.cli.render import console
+
+            console().print(verdict)
+        else:
+            reason = verdict.reasons[0] if verdict.reasons else ""
+            print(f"{verdict.at} {previous.verdict if previous else '-'} -> {verdict.verdict}: {reason}", flush=True)
+
+    try:
+        last = watch(inventory, for_s=for_s, interval_s=interval_s, on_change=on_change, stop=stop)
+    except KeyboardInterrupt:
+        stop.set()
+        raise
+    # The per-change lines were the output; the exit status is the last verdict's.
+    conclude(False, last.exit_status if last else 3, {}, None)

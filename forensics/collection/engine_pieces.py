@@ -1,0 +1,362 @@
+"""The pieces of a collection: background sampling, and everything read per engine.
+
+Each function returns a :class:`PieceResult` (frames, gaps, command records) and never
+raises for the engine it reads: an exception from a collector is a bug in it, and becomes
+a Gap naming it rather than losing what the other engines gave.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from forensics.evidence import Gap
+from forensics.redact import redact_url
+
+RELEASE_VERSION_KEYS = ("version",)
+
+
+def safe_url(url: str) -> str:
+    return redact_url(url)
+
+
+@dataclass
+class PieceResult:
+    frames: dict[str, pd.DataFrame] = field(default_factory=dict)
+    gaps: list[Gap] = field(default_factory=list)
+    commands: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, name: str, frame: pd.DataFrame | None) -> None:
+        if frame is None:
+            return
+        if name in self.frames:
+            self.frames[name] = pd.concat([self.frames[name], frame], ignore_index=True)
+        else:
+            self.frames[name] = frame
+
+
+def _bug(piece: str, target: str, exc: BaseException) -> Gap:
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    at = f" at {where.filename.rsplit('/', 2)[-1]}:{where.lineno}" if where else ""
+    return Gap(piece, target, f"the {piece} collector failed: {type(exc).__name__}: {exc}{at}",
+               "a bug in pd-forensics: please report it with this message")
+
+
+# ------------------------------------------------------------------------------ sampling
+
+class Sampling:
+    """Probes and the metrics scraper, running in the background during the collection."""
+
+    def __init__(self, inventory, options) -> None:
+        self.inventory = inventory
+        self.runner = None
+        self.scraper = None
+        self.start_result = PieceResult()
+
+    @classmethod
+    def start(cls, inventory, options) -> Sampling:
+        self = cls(inventory, options)
+        if "probes" in options.pieces:
+            from forensics.probes import ProbeRunner
+
+            kwargs: dict[str, Any] = {"interval_s": options.probe_interval_s}
+            if options.deadlines_s:
+                kwargs["deadline_s"] = options.deadlines_s
+            if options.cap_s:
+                kwargs["cap_s"] = options.cap_s
+            try:
+                self.runner = ProbeRunner(inventory, **kwargs).start()
+            except Exception as exc:  # noqa: BLE001 - becomes a gap, the rest goes on
+                self.start_result.gaps.append(_bug("probes", inventory.name, exc))
+        if "metrics" in options.pieces:
+            from forensics.collectors.metrics import MetricsScraper
+
+            # The metrics frame's ``host`` column holds the engine's name: two engines on
+            # one host (the twin, a node with prefill and decode) stay apart.
+            targets = [(e.role, e.name, e.url) for e in inventory.engines if e.role in ("prefill", "decode")]
+            if targets:
+                self.scraper = MetricsScraper(targets, options.metrics_interval_s).start()
+        return self
+
+    def wait(self, seconds: float) -> None:
+        """Let the samplers run ``seconds`` more, and until every liveness lane has an answer or is late."""
+        deadline = time.monotonic() + max(0.0, seconds)
+        event = threading.Event()
+        while time.monotonic() < deadline:
+            event.wait(min(0.2, deadline - time.monotonic()))
+        if self.runner is None:
+            return
+        late_by = max(self.runner.deadlines.values()) + 2 * self.runner.interval_s
+        until = time.monotonic() + late_by
+        while time.monotonic() < until and not self._liveness_decided():
+            event.wait(0.2)
+
+    def _liveness_decided(self) -> bool:
+        """A liveness probe has answered, or has been marked late (past its deadline)."""
+        frame = self.runner.results().frame
+        outcomes = frame.loc[frame["kind"] == "liveness", "outcome"]
+        return bool((~outcomes.isin(("pending", "in_flight"))).any())
+
+    def stop(self, options) -> PieceResult:
+        result = PieceResult()
+        if self.scraper is not None:
+            series = self.scraper.stop()
+            result.add("metrics", series.to_frame())
+            result.add("scrapes", series.scrapes_frame())
+            failed = series.scrapes_frame()
+            failed = failed[~failed["ok"]] if "ok" in failed.columns else failed.iloc[:0]
+            for engine, group in failed.groupby("host"):
+                everything = (series.scrapes_frame()["host"] == engine).sum()
+                if len(group) == everything:
+                    result.gaps.append(Gap("metrics", str(engine), f"every /metrics scrape failed "
+                                           f"({group['error'].iloc[-1]})",
+                                           "start sglang with --enable-metrics, and check the URL in the inventory"))
+        elif "metrics" in options.pieces:
+            result.gaps.append(Gap("metrics", self.inventory.name, "no prefill or decode engine to scrape"))
+        if self.runner is not None:
+            probes = self.runner.stop(timeout=options.drain_s)
+            result.add("probes", probes.frame)
+        return result
+
+
+# ---------------------------------------------------------------------- release source
+
+class ReleaseCache:
+    """Expected threads per (release, backend), read once from the release's source."""
+
+    def __init__(self, inventory) -> None:
+        self.inventory = inventory
+        self._lock = threading.Lock()
+        self._expected: dict[tuple[str, str], Any] = {}
+        self._versions: list[str] = []
+
+    def note_version(self, version: str | None) -> None:
+        if version:
+            with self._lock:
+                self._versions.append(version)
+
+    def seen_version(self) -> str | None:
+        with self._lock:
+            return self._versions[0] if self._versions else None
+
+    def expected(self, version: str, backend: str):
+        key = (version, backend)
+        with self._lock:
+            if key not in self._expected:
+                from forensics.threads import expected_threads
+
+                try:
+                    self._expected[key] = expected_threads(version, backend)
+                except Exception as exc:  # noqa: BLE001 - the reason goes into the gap
+                    self._expected[key] = exc
+            value = self._expected[key]
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+
+# ------------------------------------------------------------------------- per engine
+
+def collect_engine(inventory, engine, options, bounds, releases: ReleaseCache) -> PieceResult:
+    result = PieceResult()
+    host = inventory.host_for(engine)
+    label = engine.label
+    procs: list = []
+    if "processes" in options.pieces and engine.selector is not None:
+        try:
+            procs = _processes(host, engine, options, result)
+        except Exception as exc:  # noqa: BLE001
+            result.gaps.append(_bug("processes", label, exc))
+    state = None
+    if "server_info" in options.pieces or "settings" in options.pieces:
+        try:
+            state = _engine_state(engine, options, result)
+        except Exception as exc:  # noqa: BLE001
+            result.gaps.append(_bug("server_info", label, exc))
+    version = (state.version if state is not None else None) or inventory.sglang
+    backend = (state.backend if state is not None else None) or inventory.backend
+    releases.note_version(version)
+    if "settings" in options.pieces and engine.role in ("prefill", "decode"):
+        try:
+            _settings(host, engine, state, procs, backend, options, result)
+        except Exception as exc:  # noqa: BLE001
+            result.gaps.append(_bug("settings", label, exc))
+    if "threads" in options.pieces and engine.role in ("prefill", "decode") and procs:
+        try:
+            _threads(host, engine, procs, version, backend, options, releases, result)
+        except Exception as exc:  # noqa: BLE001
+            result.gaps.append(_bug("threads", label, exc))
+    elif "threads" in options.pieces and engine.role in ("prefill", "decode"):
+        why = ("no process selector in the inventory (process = {...})" if engine.selector is None
+               else "no engine process was found to dump")
+        result.gaps.append(Gap("threads", label, f"no thread dump: {why}"))
+    if "logs" in options.pieces:
+        try:
+            _logs(host, engine, options, bounds, result)
+        except Exception as exc:  # noqa: BLE001
+            result.gaps.append(_bug("logs", label, exc))
+    return result
+
+
+def _processes(host, engine, options, result: PieceResult) -> list:
+    from forensics.collectors.processes import ProcessSelector, find_processes
+
+    chosen = engine.selector
+    selector = ProcessSelector(title=chosen.title, cmdline=chosen.cmdline, pid_file=chosen.pid_file)
+    scan = find_processes(host, selector, python=_host_python(engine), timeout=options.command_timeout_s,
+                          sudo=False, target=engine.label)
+    result.commands.extend(scan.commands)
+    frame = scan.to_frame()
+    frame.insert(0, "engine", pd.array([engine.name] * len(frame), dtype="string"))
+    frame.insert(1, "role", pd.array([engine.role] * len(frame), dtype="string"))
+    frame["state"] = pd.array(["running"] * len(frame), dtype="string")
+    frame["detail"] = pd.array([""] * len(frame), dtype="string")
+    no_match = [g for g in scan.gaps if g.reason.startswith("no process matching")]
+    if not scan.found and no_match:
+        # Looked and found nothing: that is evidence (the DOWN signal), not a gap.
+        frame = pd.DataFrame({
+            "engine": pd.array([engine.name], dtype="string"), "role": pd.array([engine.role], dtype="string"),
+            "host": pd.array([host.name], dtype="string"), "pid": pd.array([None], dtype="Int64"),
+            "ppid": pd.array([None], dtype="Int64"), "start_time": pd.Series([pd.NaT], dtype="datetime64[ns, UTC]"),
+            "start_ticks": pd.array([None], dtype="Int64"), "title": pd.array([None], dtype="string"),
+            "cmdline": pd.array([None], dtype="string"), "state": pd.array(["none_found"], dtype="string"),
+            "detail": pd.array([no_match[0].reason], dtype="string")})
+        result.gaps.extend(g for g in scan.gaps if g not in no_match)
+    else:
+        result.gaps.extend(scan.gaps)
+    result.add("processes", frame)
+    return list(scan.processes)
+
+
+def _py_spy(engine) -> str:
+    """The inventory's py-spy; on this machine, the one installed beside our interpreter when PATH has none."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    if str(engine.host) == "local" and engine.py_spy == "py-spy" and shutil.which("py-spy") is None:
+        beside = Path(sys.executable).with_name("py-spy")
+        if beside.is_file():
+            return str(beside)
+    return engine.py_spy
+
+
+def _host_python(engine) -> str:
+    """The interpreter for the process lookup: python3 on the host (the engine's own may be a venv path)."""
+    return "python3" if str(engine.host) != "local" else __import__("sys").executable
+
+
+def _engine_state(engine, options, result: PieceResult):
+    from forensics.collectors.engine_state import read_engine_state
+
+    state = read_engine_state(engine.url, engine=engine.name, timeout=min(10.0, options.command_timeout_s),
+                              loads=engine.role != "router")
+    # An endpoint the release does not serve is a fact about the release, not a gap in the evidence.
+    result.gaps.extend(g for g in state.gaps if state.status.get(g.piece) != "not_served")
+    info = state.server_info
+    result.add("server_info", pd.DataFrame({
+        "engine": pd.array([engine.name], dtype="string"), "role": pd.array([engine.role], dtype="string"),
+        "url": pd.array([state.url], dtype="string"),
+        "state": pd.array([state.status.get("server_info")], dtype="string"),
+        "version": pd.array([state.version], dtype="string"), "backend": pd.array([state.backend], dtype="string"),
+        "loads_state": pd.array([state.status.get("loads")], dtype="string"),
+        "document": pd.Series([info], dtype=object)}))
+    if state.loads is not None and len(state.loads):
+        result.add("loads", state.loads)
+    return state
+
+
+def _settings(host, engine, state, procs, backend, options, result: PieceResult) -> None:
+    from forensics.collectors.settings import collect_settings
+
+    proc = procs[0] if procs else None
+    settings = collect_settings(engine.name, host=host, state=state, pid=None if proc is None else proc.pid,
+                                ppid=None if proc is None else proc.ppid, python=engine.python, backend=backend,
+                                sudo=engine.sudo, timeout=options.command_timeout_s)
+    result.commands.extend(settings.commands)
+    result.gaps.extend(settings.gaps)
+    result.add("settings", settings.to_frame())
+    if settings.findings:
+        result.add("setting_findings", pd.DataFrame([
+            {"engine": f.engine, "id": f.id, "severity": f.severity, "title": f.title,
+             "evidence": "; ".join(f.evidence), "why": f.why, "fix": f.fix} for f in settings.findings]))
+
+
+def _threads(host, engine, procs, version, backend, options, releases: ReleaseCache, result: PieceResult) -> None:
+    from forensics.threads import check_threads, dump_threads
+
+    pids = [p.pid for p in procs]
+    dump = dump_threads(host, pids, py_spy=_py_spy(engine), sudo=engine.sudo, timeout=options.command_timeout_s,
+                        label=engine.label)
+    result.commands.extend(dump.commands)
+    result.gaps.extend(dump.gaps.values())
+    frame = dump.frame.copy()
+    frame.insert(0, "engine", pd.array([engine.name] * len(frame), dtype="string"))
+    result.add("threads", frame)
+    if not version or not backend:
+        result.gaps.append(Gap("threads", engine.label, "no release or backend known (not in /server_info or the "
+                               "inventory): the expected threads cannot be read", "set sglang and backend in "
+                               "[deployment]", partial=True))
+        return
+    try:
+        expected = releases.expected(version, backend)
+    except Exception as exc:  # noqa: BLE001 - the release may not be fetchable offline
+        result.gaps.append(Gap("threads", engine.label, f"expected threads of sglang {version} {backend} unknown: "
+                               f"{exc}", "run once with network access so the release's source is cached",
+                               partial=True))
+        return
+    check = check_threads(dump, expected, role=engine.role)
+    frame = check.frame.copy()
+    frame.insert(0, "engine", pd.array([engine.name] * len(frame), dtype="string"))
+    taken = [dump.taken_at.get(int(pid)) for pid in frame["pid"]]
+    frame["taken_at"] = pd.Series([pd.Timestamp(t) if t is not None else pd.NaT for t in taken],
+                                  dtype="datetime64[ns, UTC]")
+    result.add("thread_check", frame)
+
+
+def _logs(host, engine, options, bounds, result: PieceResult) -> None:
+    from forensics.logs import scan
+    from forensics.logs.findings import assess
+    from forensics.logs.remote import host_log_source
+
+    spec = engine.log_source
+    if spec is None:
+        result.gaps.append(Gap("logs", engine.label, "no log source in the inventory",
+                               "add logs = { unit = ... } or { file = ... } to this engine"))
+        return
+    unit = getattr(spec, "unit", None)
+    kind, value = spec.kind, spec.value
+    source = host_log_source(host, kind, list(value) if kind == "command" else value, role=engine.role,
+                             label=None, since=bounds.since, until=bounds.until, sudo=engine.sudo,
+                             journalctl=engine.journalctl, unit=unit, tz=options.tz,
+                             timeout=max(options.command_timeout_s, 120.0))
+    logscan = scan([source], since=bounds.since, until=bounds.until, tz=options.tz, role=engine.role)
+    for problem in logscan.problems:
+        result.gaps.append(Gap("logs", engine.label, str(problem), _log_fix(str(problem)), partial=True))
+    events = logscan.events.copy()
+    events.insert(0, "engine", pd.array([engine.name] * len(events), dtype="string"))
+    result.add("events", events)
+    assessment = assess(logscan)
+    if assessment.findings:
+        result.add("log_findings", pd.DataFrame({
+            "engine": pd.array([engine.name] * len(assessment.findings), dtype="string"),
+            "id": pd.array([f.id for f in assessment.findings], dtype="string"),
+            "severity": pd.array([f.severity for f in assessment.findings], dtype="string"),
+            "count": pd.array([f.count for f in assessment.findings], dtype="Int64"),
+            "first": pd.Series([f.first for f in assessment.findings], dtype="datetime64[ns, UTC]"),
+            "last": pd.Series([f.last for f in assessment.findings], dtype="datetime64[ns, UTC]"),
+            "detail": pd.array([f.detail or f.cls.meaning for f in assessment.findings], dtype="string")}))
+
+
+def _log_fix(text: str) -> str | None:
+    lowered = text.lower()
+    if "permission denied" in lowered:
+        return "sudo = true for this host, or add the user to the systemd-journal / adm group"
+    if "not found" in lowered or "no such file" in lowered:
+        return "check the log source in the inventory, and that journalctl exists on the host"
+    return None

@@ -1,0 +1,100 @@
+"""Helpers for the live-evidence acceptance tests: a twin seen as a live deployment over SSH.
+
+``ssh_inventory`` writes an inventory that reaches the twin's engines the way an operator
+reaches production: every command through the test sshd on 127.0.0.1, logs read from the
+twin's files (over SFTP) or from journal files, processes found by title and pid file.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import tomli_w
+from twin_helpers import kill_client_during_transfer_wait, twin_state, wait_until
+
+PY_SPY = str(Path(sys.executable).with_name("py-spy"))
+
+
+def ssh_inventory(twin, sshd, path: Path, *, logs: str | dict | None = "file", py_spy: str = PY_SPY,
+                  journalctl: str = "journalctl", sudo: bool = False, user: str | None = None,
+                  name: str = "twin-over-ssh") -> Path:
+    """An inventory for ``twin`` whose host is the test ``sshd`` (ssh://USER@127.0.0.1:PORT).
+
+    ``logs``: "file" (the twin's log files, read over SFTP), None (no log source: stderr
+    unavailable), or a mapping role -> logs table (journal files).
+    """
+    source = twin.inventory
+    engines = []
+    for engine in source.engines:
+        entry = {"name": f"{engine.role}-0", "role": engine.role, "host": "twin-node", "url": engine.url,
+                 "process": {"title": engine.process, "pid_file": engine.pid_file}}
+        if engine.bootstrap_port is not None:
+            entry["bootstrap_port"] = engine.bootstrap_port
+        if logs == "file":
+            entry["logs"] = {"file": engine.log_file}
+        elif isinstance(logs, dict) and engine.role in logs:
+            entry["logs"] = logs[engine.role]
+        engines.append(entry)
+    document = {
+        "deployment": {"name": name, "sglang": source.sglang, "backend": source.backend or "nixl"},
+        "hosts": {"twin-node": {"address": "127.0.0.1", "port": sshd.port, "user": user or sshd.user,
+                                "key": str(sshd.client_key), "known_hosts": str(sshd.known_hosts),
+                                "ssh_config": "/dev/null", "py_spy": py_spy, "journalctl": journalctl,
+                                "sudo": sudo}},
+        "engine": engines,
+    }
+    path.write_text(tomli_w.dumps(document))
+    return path
+
+
+def bootstrap_alive(twin) -> bool:
+    return bool(twin_state(twin.prefill)["bootstrap_thread_alive"])
+
+
+def ensure_wedged(twin) -> None:
+    """Kill a client mid-transfer until the prefill's bootstrap thread is dead (as the incident did)."""
+    if bootstrap_alive(twin):
+        kill_client_during_transfer_wait(twin)
+        wait_until(lambda: not bootstrap_alive(twin), 30, "the prefill's bootstrap thread to die")
+
+
+def ensure_healthy(twin) -> None:
+    """Restart the prefill when its bootstrap thread is dead (the traceback stays in its log)."""
+    if not bootstrap_alive(twin):
+        twin.restart("prefill")
+        wait_until(lambda: bootstrap_alive(twin), 60, "the restarted prefill's bootstrap thread")
+
+
+@contextmanager
+def steady_load(twin, clients: int = 2):
+    """Clients sending small completions through the router back to back; never closed early."""
+    import httpx
+
+    stop = threading.Event()
+    answered = [0]
+    errors: list[str] = []
+
+    def client(index: int) -> None:
+        with httpx.Client(timeout=httpx.Timeout(600.0)) as http:
+            while not stop.is_set():
+                try:
+                    r = http.post(twin.router + "/generate", json={
+                        "text": f"load client {index} " * 20, "sampling_params": {"max_new_tokens": 4}})
+                    answered[0] += r.status_code == 200
+                except httpx.HTTPError as exc:  # recorded: the test decides whether it matters
+                    errors.append(repr(exc))
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: answered[0] >= clients, 60, "the load's first answers")
+        yield answered
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(120)
+    assert not errors, errors[:3]
