@@ -41,7 +41,10 @@ def _probes(liveness: list[str], health: str = "ok") -> pd.DataFrame:
     return frame
 
 
-def _processes(start: pd.Timestamp = T0 - pd.Timedelta(hours=1), *, prefill_state: str = "running") -> pd.DataFrame:
+STARTED = T0 - pd.Timedelta(hours=1)
+
+
+def _processes(start: pd.Timestamp = STARTED, *, prefill_state: str = "running") -> pd.DataFrame:
     return pd.DataFrame({"engine": ["prefill-0", "decode-0"], "role": ["prefill", "decode"], "host": ["local", "local"],
                          "pid": pd.array([100, 200] if prefill_state == "running" else [None, 200], dtype="Int64"),
                          "start_time": [start if prefill_state == "running" else pd.NaT, start],
