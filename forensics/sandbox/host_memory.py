@@ -34,11 +34,17 @@ class HostKV:
     kv: list[np.ndarray] = field(default_factory=list)
     aux: list[np.ndarray] = field(default_factory=list)
 
+    kv_item_bytes: int = KV_ITEM_BYTES
+    aux_item_bytes: int = AUX_ITEM_BYTES
+
     @classmethod
-    def allocate(cls) -> HostKV:
-        kv = [np.zeros(SLOTS * KV_ITEM_BYTES, dtype=np.uint8) for _ in range(2 * LAYERS)]  # K..., V...
-        aux = [np.zeros(SLOTS * AUX_ITEM_BYTES, dtype=np.uint8)]
-        return cls(kv=kv, aux=aux)
+    def allocate(cls, *, slots: int = SLOTS, kv_item_bytes: int = KV_ITEM_BYTES, aux_slots: int | None = None,
+                 aux_item_bytes: int = AUX_ITEM_BYTES) -> HostKV:
+        """K and V buffers of ``slots`` items per layer, and one aux buffer (the twin's prefill
+        asks for pages as large as its decode's, so the release's transfer moves whole pages)."""
+        kv = [np.zeros(slots * kv_item_bytes, dtype=np.uint8) for _ in range(2 * LAYERS)]  # K..., V...
+        aux = [np.zeros((aux_slots or slots) * aux_item_bytes, dtype=np.uint8)]
+        return cls(kv=kv, aux=aux, kv_item_bytes=kv_item_bytes, aux_item_bytes=aux_item_bytes)
 
     def kv_args(self, kv_args_class: type, *, engine_rank: int = 0):
         """An instance of the release's ``KVArgs`` describing these buffers (a 1-GPU, TP=1 engine)."""
@@ -47,13 +53,13 @@ class HostKV:
             "engine_rank": engine_rank,
             "kv_data_ptrs": [buf.ctypes.data for buf in self.kv],
             "kv_data_lens": [buf.nbytes for buf in self.kv],
-            "kv_item_lens": [KV_ITEM_BYTES] * len(self.kv),
+            "kv_item_lens": [self.kv_item_bytes] * len(self.kv),
             "kv_layer_ids": list(range(LAYERS)) * 2,
             "kv_cache_dtype_str": "auto",
             "kv_layout": None,
             "aux_data_ptrs": [buf.ctypes.data for buf in self.aux],
             "aux_data_lens": [buf.nbytes for buf in self.aux],
-            "aux_item_lens": [AUX_ITEM_BYTES] * len(self.aux),
+            "aux_item_lens": [self.aux_item_bytes] * len(self.aux),
             "state_types": [],
             "state_data_ptrs": [],
             "state_data_lens": [],

@@ -22,6 +22,7 @@ import zmq
 from forensics.sandbox.errors import SandboxError
 from forensics.sandbox.host_memory import HostKV, make_agent
 from forensics.sandbox.init_defaults import missing_attribute_gap
+from forensics.sandbox.init_threads import transfer_worker_start
 from forensics.sandbox.managers import common_manager_state, manager_class, mooncake_state, set_initial_values
 from forensics.sandbox.observe import LogCapture, ThreadWatch
 from forensics.sandbox.shim import LoadedRelease
@@ -85,8 +86,12 @@ class PrefillLoop:
         host: str = "127.0.0.1",
         watch: ThreadWatch | None = None,
         capture_logs: bool = True,
+        kv: HostKV | None = None,
+        transfer_workers: bool = False,
     ) -> None:
         self.release = release
+        self._kv = kv
+        self._want_transfer_workers = transfer_workers
         self.backend = backend
         self.module = release.module(f"{backend}.conn")
         base = release.module("base.conn")
@@ -112,7 +117,8 @@ class PrefillLoop:
 
     def _set_up(self, base, utils, host: str) -> None:
         self.threads: list[threading.Thread] = []
-        self.host_kv = HostKV.allocate()
+        self.transfer_threads: list[threading.Thread] = []
+        self.host_kv = self._kv if self._kv is not None else HostKV.allocate()
         self.agent, self.agent_kind = make_agent("prefill") if self.backend == "nixl" else (None, "none (mooncake)")
         pull = self.context.socket(zmq.PULL)
         pull.setsockopt(zmq.RCVHWM, 0)  # as sglang's get_zmq_socket_on_host does for PULL
@@ -147,6 +153,8 @@ class PrefillLoop:
         self.senders: dict[int, object] = {}
         self.started_at = time.time()
         self._start_thread()
+        if self._want_transfer_workers and self.backend == "nixl":
+            self._start_transfer_workers()
 
     # ------------------------------------------------------------------ setup
 
@@ -186,6 +194,29 @@ class PrefillLoop:
         self.logs.loop_threads = self.threads
         if not self.threads:
             raise SandboxError(f"sglang {self.release.version}: {start.__name__}() started no thread")
+
+    def _start_transfer_workers(self) -> None:
+        """Run the statements of the release's own ``NixlKVManager.__init__`` that create the transfer
+        queues and start one ``threading.Thread(target=self.transfer_worker, ...)`` per queue
+        (0.5.12+; earlier releases transfer synchronously and start none).
+
+        The statements are the release's own (the prefill branch of ``__init__``, from the queue
+        size up to the worker loop; :mod:`.init_threads`): the threads are the release's, as
+        py-spy shows them (``Thread-N (transfer_worker)``). They start after the
+        bootstrap thread (sglang starts them just before it), so the loop keeps ``Thread-1``.
+        """
+        statements = transfer_worker_start(type(self.manager))
+        if statements is None:
+            return
+        before = set(threading.enumerate())
+        statements(self.manager)
+        self.transfer_threads = [t for t in threading.enumerate() if t not in before]
+
+    @property
+    def transfers_in_workers(self) -> bool:
+        """Whether the release's transfer_worker threads do the transfers (``add_transfer_request``
+        only enqueues), rather than the scheduler thread (releases before 0.5.12)."""
+        return bool(self.transfer_threads)
 
     def _describe_thread(self, thread: threading.Thread | None, record: dict) -> dict:
         # Any thread of the process may die, even while this loop is still being set up.
@@ -297,3 +328,4 @@ class PrefillLoop:
         terminator.join(timeout)
         self.logs.detach()
         self.watch.uninstall()
+

@@ -4,7 +4,9 @@ One process (title ``sglang::scheduler``): ``/generate`` and the OpenAI endpoint
 request walking sglang's decode queues:
 
 * prealloc: the prefill rank is looked up on the prefill's bootstrap server (``GET
-  /route``); on first contact the release's ``_register_kv_args`` sends the KV-args
+  /route``) once per prefill, until the release's own heartbeat thread (its KV manager's
+  ``heartbeat_checker``, polling the bootstrap server's ``/health``) declares that prefill
+  lost; on first contact the release's ``_register_kv_args`` sends the KV-args
   registration frame (with this process's real NIXL agent metadata and page-pool
   pointer); pages are allocated and the release's ``send_metadata`` sends the
   transfer-info frame;
@@ -44,7 +46,7 @@ from forensics.twin.settings import TwinSettings
 log = logging.getLogger("sglang.srt.managers.scheduler")
 decode_log = logging.getLogger("sglang.srt.disaggregation.decode")
 TRANSFER_POLL_S = 0.005
-ROUTE_TTL_S = 0.5
+ROUTE_TTL_S = 0.5  # releases without a heartbeat thread only: how long a looked-up route is trusted
 
 
 @dataclass
@@ -199,13 +201,26 @@ class DecodeScheduler:
                    if item.receiver.conclude_state is None else item.receiver.conclude_state)
 
     def _lookup(self, addr: str) -> dict | None:
-        """The prefill rank behind ``addr`` from its bootstrap server, refreshed when older than
-        ``ROUTE_TTL_S``. sglang notices a restarted prefill through its heartbeat; the twin's
-        prefill restarts in a second or two, so the decode re-reads the route instead, and a
-        rank at a new endpoint is a new peer (KV-args registration again)."""
+        """The prefill rank behind ``addr`` from its bootstrap server, looked up once and kept while
+        the release's heartbeat keeps that prefill in its tables (``_handle_node_failure`` drops it
+        after HEARTBEAT_MAX_FAILURE failed ``/health`` polls). A rank at a new endpoint is a new
+        peer (KV-args registration again).
+
+        Two fallbacks, both the twin's: a prefill restarted faster than the heartbeat window (the
+        twin's takes a second or two, a real one minutes) is noticed when the TCP connection to its
+        old rank endpoint dropped (:meth:`ReleaseDecode.peer_lost`); and a release without a
+        heartbeat thread re-reads the route after ``ROUTE_TTL_S``."""
         cached = self.bootstrap_info.get(addr)
-        if cached is not None and time.monotonic() - cached["fetched"] < ROUTE_TTL_S:
-            return cached["info"]
+        if cached is not None and self.rd.knows(addr):
+            stale = (not self.rd.has_heartbeat and time.monotonic() - cached["fetched"] >= ROUTE_TTL_S)
+            if not stale and not self.rd.peer_lost(cached["info"]):
+                return cached["info"]
+            if not stale:
+                decode_log.info(f"twin: the connection to prefill rank {cached['info']} dropped; "
+                                f"looking {addr} up again")
+            self.rd.forget_peer(addr, cached["info"])
+            del self.bootstrap_info[addr]
+            cached = None
         task = self.lookups.get(addr)
         if task is None or (task.done() and task.exception() is not None):
             self.lookups[addr] = asyncio.get_running_loop().create_task(self._fetch_route(addr))
@@ -214,8 +229,9 @@ class DecodeScheduler:
             return None
         info = task.result()
         del self.lookups[addr]
-        if cached is not None and cached["info"] != info:
-            self.rd.forget_peer(addr)  # the rank moved: a restarted prefill knows nothing of us
+        if cached is not None:  # the heartbeat dropped this prefill: a restarted one knows nothing of us
+            self.rd.forget_peer(addr, cached["info"] if cached["info"] != info else None)
+        self.rd.track(addr, info)  # where the release's heartbeat finds it
         self.bootstrap_info[addr] = {"info": info, "fetched": time.monotonic()}
         return info
 
@@ -321,14 +337,16 @@ class DecodeServer(httpserver.EngineEndpoints):
         self.pool = nx.PagePool(self.agent, settings.pool_pages, settings.page_bytes)
         self.aux = nx.PagePool(self.agent, 4096, nx.AUX_ITEM_BYTES)
         self.zmq = zmq.Context()
-        self.pull = self.zmq.socket(zmq.PULL)  # the decode's rank_port (nothing reads it up to 0.5.18)
+        self.pull = self.zmq.socket(zmq.PULL)  # the decode's rank_port (read by the release from 0.5.20)
         self.pull.setsockopt(zmq.LINGER, 0)
         rank_port = self.pull.bind_to_random_port(f"tcp://{settings.host}")
         self.rd = ReleaseDecode(self.release, agent=self.agent, pool=self.pool, aux=self.aux,
                                 local_ip=settings.host, rank_port=rank_port,
-                                waiting_timeout=settings.waiting_timeout_s, backend=settings.backend)
+                                waiting_timeout=settings.waiting_timeout_s, backend=settings.backend,
+                                server_socket=self.pull)
         self.metrics = TwinMetrics(version, "decode")
         self.scheduler = DecodeScheduler(settings, self.rd, self.metrics, version)
+        self.rd.start_threads()  # the release's own heartbeat (and, 0.5.20+, listener) threads
         self.started = time.time()
         self.app = self.engine_app()
 
@@ -414,6 +432,9 @@ class DecodeServer(httpserver.EngineEndpoints):
                     "recent_control_path_ms": list(sched.recent_control_path_ms),
                     "waiting_timeout_s": self.settings.waiting_timeout_s,
                     "release_sends_abort": self.rd.sends_abort,
+                    "release_threads": [{"name": t.name, "alive": t.is_alive()} for t in self.rd.threads],
+                    "heartbeat_failures": dict(getattr(self.rd.manager, "heartbeat_failures", {})),
+                    "known_prefills": sorted(self.rd.manager.prefill_info_table),
                     "uptime_s": round(time.time() - self.started, 3),
                 },
             }],
@@ -421,7 +442,8 @@ class DecodeServer(httpserver.EngineEndpoints):
 
     def stop(self) -> None:
         self.rd.close()
-        self.pull.close(linger=0)
+        if not self.rd.reads_server_socket:  # else a release thread is blocked in it; the process exits
+            self.pull.close(linger=0)
 
 
 def main() -> None:

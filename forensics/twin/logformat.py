@@ -19,6 +19,8 @@ import sys
 from packaging.version import Version
 
 SGLANG_FORMAT = "[%(asctime)s%(prefix)s] %(message)s"
+# sglang's SGLANG_LOG_MS=1 adds the milliseconds after the seconds (facts §5.1); the twin honours it too.
+SGLANG_FORMAT_MS = "[%(asctime)s.%(msecs)03d%(prefix)s] %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 # Loggers whose DEBUG lines the twin keeps (the ABORT send line is DEBUG in sglang).
 DEBUG_LOGGERS = ("sglang.srt.disaggregation",)
@@ -37,7 +39,10 @@ class _PrefixFilter(logging.Filter):
 def configure(*, prefix: str = "", level: str = "info", disaggregation_debug: bool = True) -> None:
     """Route all logging to stderr in sglang's format (the launcher sends stderr to the log file)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(SGLANG_FORMAT, datefmt=DATE_FORMAT))
+    import os
+
+    with_ms = os.environ.get("SGLANG_LOG_MS", "").strip().lower() in ("1", "true", "yes")
+    handler.setFormatter(logging.Formatter(SGLANG_FORMAT_MS if with_ms else SGLANG_FORMAT, datefmt=DATE_FORMAT))
     handler.addFilter(_PrefixFilter(f" {prefix}" if prefix else ""))
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -9,9 +9,13 @@ In one process (title ``sglang::scheduler``, stderr captured to ``prefill.log``)
   on its own port, where the prefill rank registers its PULL endpoint;
 * a scheduler loop moving requests through the bootstrap queue (rooms created by the
   release's own sender class, bootstrapped only by the real loop), a prefill "forward"
-  that takes ``tokens / prefill_rate`` seconds, and the inflight queue, where a real NIXL
-  agent (the one the real loop gave the decode's metadata) WRITEs the room's KV pages into
-  the decode's registered pool and notifies with sglang's tags;
+  that takes ``tokens / prefill_rate`` seconds and writes the room's KV pages into this
+  engine's KV slots (host memory registered by the release's ``register_buffer_to_engine``),
+  and the inflight queue. From 0.5.12 the release's own ``sender.send`` enqueues the pages
+  and the release's own ``transfer_worker`` threads (started by the statements of its
+  ``NixlKVManager.__init__``) WRITE them with the release's prepared NIXL handles into the
+  decode's registered pool, notifying with sglang's tags; before 0.5.12 sglang transfers in
+  the scheduler thread, and so does the twin (its own NIXL WRITE, synchronously);
 * ``/generate`` and the OpenAI endpoints (what the router sends), ``/health`` and
   ``/health_generate`` with sglang's PD semantics (a fake-bootstrap 1-token batch),
   ``/metrics``, ``/server_info``.
@@ -24,7 +28,6 @@ import json
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,8 +42,8 @@ from forensics.twin.settings import TwinSettings
 log = logging.getLogger("sglang.srt.managers.scheduler")
 prefill_log = logging.getLogger("sglang.srt.disaggregation.prefill")
 IDLE_METRICS_INTERVAL_S = 30.0
-TRANSFER_WORKERS = 4  # SGLANG_DISAGGREGATION_QUEUE_SIZE
 AUX_BYTES = 8
+AUX_SLOTS = 4096  # metadata buffers (the decode's aux pool has as many)
 
 
 @dataclass
@@ -50,7 +53,11 @@ class PrefillRequest:
     entered: float = field(default_factory=time.monotonic)
     bootstrapped_at: float | None = None
     aborted: bool = False
-    transfer: asyncio.Future | None = None
+    kv_slots: np.ndarray | None = None  # this engine's KV slots holding the room's pages
+    aux_index: int | None = None
+    sent_at: float | None = None  # handed to the release's sender (transfer_worker path)
+    result: dict | None = None  # the synchronous transfer's outcome (before 0.5.12)
+    error: BaseException | None = None
 
 
 class BootstrapServer:
@@ -123,7 +130,10 @@ class PrefillScheduler:
         self.wakeup = asyncio.Event()
         agent = loop_owner.agent
         self.agent = getattr(agent, "real_agent", agent)
-        self.workers = ThreadPoolExecutor(TRANSFER_WORKERS, thread_name_prefix="transfer_worker")
+        self.kv = loop_owner.host_kv
+        self.page_bytes = self.kv.kv_item_bytes
+        self.free_slots = list(range(self.kv.kv[0].nbytes // self.page_bytes))
+        self.free_aux = list(range(self.kv.aux[0].nbytes // self.kv.aux_item_bytes))
         self._sources = threading.local()
         self.last_idle_metrics = 0.0
         self.last_input_throughput = 0.0
@@ -162,8 +172,7 @@ class PrefillScheduler:
             self._apply_aborts()
             progressed |= self._poll_bootstrap_queue()
             if self.waiting_queue or self.health_probes:
-                await self._run_batch()
-                progressed = True
+                progressed |= await self._run_batch()
             progressed |= self._poll_inflight_queue()
             if not progressed:
                 self._maybe_idle_metrics()
@@ -233,14 +242,18 @@ class PrefillScheduler:
         self.bootstrap_queue = keep
         return moved
 
-    async def _run_batch(self) -> None:
+    async def _run_batch(self) -> bool:
         batch, tokens = [], 0
         while self.waiting_queue and (not batch or tokens + self.waiting_queue[0].req.prompt_tokens
                                       <= self.settings.max_prefill_tokens):
+            if not self._allocate(self.waiting_queue[0]):
+                break  # no free KV slots: the rest waits for transfers to finish, as sglang's allocator
             item = self.waiting_queue.pop(0)
             tokens += item.req.prompt_tokens
             batch.append(item)
         probes, self.health_probes = (self.health_probes, []) if not batch else ([], self.health_probes)
+        if not batch and not probes:
+            return False
         new_tokens = tokens if batch else len(probes)
         started = time.monotonic()
         await asyncio.sleep(new_tokens / self.settings.prefill_rate_tps)  # the forward pass
@@ -248,9 +261,8 @@ class PrefillScheduler:
         self.last_input_throughput = new_tokens / elapsed
         for item in batch:
             self.inflight_queue.append(item)
-            if item.aborted:
-                continue
-            item.transfer = asyncio.get_running_loop().run_in_executor(self.workers, self._transfer, item)
+            if not item.aborted:
+                self._send(item)
         self.counters["prefill_batches" if batch else "health_batches"] += 1
         log.info(prefill_batch_line(
             self.version, new_seq=len(batch) or len(probes), new_token=new_tokens, token_usage=0.0,
@@ -260,6 +272,7 @@ class PrefillScheduler:
         self._report_stats()
         for item in probes:
             self._finish(item, meta={"health": True})
+        return True
 
     def _report_stats(self) -> None:
         """``report_prefill_stats``: the gauges move only here and on the idle tick."""
@@ -280,18 +293,20 @@ class PrefillScheduler:
         keep = []
         for item in self.inflight_queue:
             room = item.req.bootstrap_room
-            if item.transfer is None and item.aborted:
+            if item.sent_at is None and item.result is None and item.error is None:
+                self._free(item)  # aborted before its transfer started
                 self._finish(item, error="aborted")
                 moved = True
                 continue
-            if item.transfer is None or not item.transfer.done():
-                keep.append(item)
+            state = self._room_state(room)
+            if item.sent_at is not None and state not in (self.KVPoll.Success, self.KVPoll.Failed):
+                keep.append(item)  # the release's transfer_worker has it
                 continue
             moved = True
-            error = item.transfer.exception()
-            if error is None and self._room_state(room) == self.KVPoll.Success:
+            self._free(item)
+            if item.error is None and state == self.KVPoll.Success:
                 self.counters["transferred"] += 1
-                self._finish(item, meta=item.transfer.result())
+                self._finish(item, meta=item.result if item.sent_at is None else self._transferred(item))
             else:
                 self._fail(item, "transfer", self.metrics.transfer_failed)
         self.inflight_queue = keep
@@ -299,10 +314,76 @@ class PrefillScheduler:
 
     def _finish(self, item: PrefillRequest, *, meta: dict | None = None, error: str | None = None) -> None:
         self.engine.senders.pop(item.req.bootstrap_room, None)
+        getattr(self.engine.manager, "exceptions", {}).pop(item.req.bootstrap_room, None)
         if not item.done.done():
             item.done.set_result({"error": error} if error else (meta or {}))
 
     # -------------------------------------------------------------- transfer
+
+    def _allocate(self, item: PrefillRequest) -> bool:
+        """This engine's KV slots (one per decode page) and a metadata buffer for ``item``."""
+        if item.kv_slots is not None or item.aborted:
+            return True
+        count = nx.pages_for(item.req.prompt_tokens * self.settings.bytes_per_token, self.page_bytes)
+        if count > len(self.free_slots) or not self.free_aux:
+            return False
+        item.kv_slots = np.asarray(self.free_slots[:count], dtype=np.int32)
+        del self.free_slots[:count]
+        item.aux_index = self.free_aux.pop()
+        return True
+
+    def _free(self, item: PrefillRequest) -> None:
+        if item.kv_slots is not None:
+            self.free_slots.extend(int(s) for s in item.kv_slots)
+            item.kv_slots = None
+        if item.aux_index is not None:
+            self.free_aux.append(item.aux_index)
+            item.aux_index = None
+
+    def _write_kv(self, item: PrefillRequest, nbytes: int) -> None:
+        """What the forward pass leaves in the KV cache: the room's pages in every layer's K and V
+        (the same bytes in each, so the decode can check any), and the room in its aux slot."""
+        room = item.req.bootstrap_room
+        pages = np.zeros(len(item.kv_slots) * self.page_bytes, dtype=np.uint8)
+        pages[:nbytes] = nx.kv_payload(room, nbytes)
+        pages = pages.reshape(len(item.kv_slots), self.page_bytes)
+        for region in self.kv.kv:
+            region.reshape(-1, self.page_bytes)[item.kv_slots] = pages
+        aux = self.kv.aux[0].reshape(-1, self.kv.aux_item_bytes)[item.aux_index]
+        aux[:] = 0
+        aux[:AUX_BYTES] = np.frombuffer(np.int64(room & 0x7FFFFFFFFFFFFFFF).tobytes(), dtype=np.uint8)
+
+    def _send(self, item: PrefillRequest) -> None:
+        """Hand the room's pages to the release: its sender enqueues them for its transfer_worker
+        threads (0.5.12+); before 0.5.12 the scheduler thread transfers them itself, as sglang's."""
+        room = item.req.bootstrap_room
+        sender = self.engine.senders.get(room)
+        if not self.engine.transfers_in_workers or sender is None:
+            try:
+                item.result = self._transfer(item)
+            except Exception as exc:  # logged and recorded by _transfer
+                item.error = exc
+            return
+        nbytes = item.req.prompt_tokens * self.settings.bytes_per_token
+        self._write_kv(item, nbytes)
+        item.sent_at = time.perf_counter()
+        try:
+            sender.init(len(item.kv_slots), item.aux_index)  # as the scheduler does once bootstrapped
+            sender.send(item.kv_slots)  # the release's send -> add_transfer_request -> a worker's queue
+        except Exception as exc:
+            logging.getLogger("sglang.srt.disaggregation.nixl.conn").exception(
+                f"Unexpected transfer worker error for room {room}")
+            self.engine.manager.record_failure(room, str(exc))
+            self.engine.manager.update_status(room, self.KVPoll.Failed)
+            item.error = exc
+
+    def _transferred(self, item: PrefillRequest) -> dict:
+        latency = time.perf_counter() - item.sent_at
+        nbytes = item.req.prompt_tokens * self.settings.bytes_per_token
+        bootstrap_s = (item.bootstrapped_at - item.entered) if item.bootstrapped_at else None
+        self.metrics.observe_transfer(latency, nbytes, bootstrap_s)
+        self.metrics.observe_stage("prefill_transfer_kv_cache", latency)
+        return {"kv_bytes": nbytes, "transfer_ms": round(latency * 1000, 3)}
 
     def _source(self, nbytes: int) -> nx.RegisteredSource:
         source = getattr(self._sources, "buffer", None)
@@ -315,7 +396,8 @@ class PrefillScheduler:
         return source
 
     def _transfer(self, item: PrefillRequest) -> dict:
-        """Write the room's KV pages and aux into every decode that sent transfer info (a worker thread)."""
+        """Write the room's KV pages and aux into every decode that sent transfer info (in the
+        scheduler thread: releases before 0.5.12, which have no transfer_worker threads)."""
         room = item.req.bootstrap_room
         mgr = self.engine.manager
         started = time.perf_counter()
@@ -339,7 +421,7 @@ class PrefillScheduler:
             mgr.update_status(room, self.KVPoll.Success)
         except Exception as exc:
             logging.getLogger("sglang.srt.disaggregation.nixl.conn").exception(
-                f"Unexpected transfer worker error for room {room}"
+                f"Failed to send kv chunk of room {room}"
             )
             mgr.record_failure(room, f"Failed to send kv chunk of {room} to decode: {exc}")
             mgr.update_status(room, self.KVPoll.Failed)
@@ -353,13 +435,20 @@ class PrefillScheduler:
 
 class PrefillServer(httpserver.EngineEndpoints):
     def __init__(self, settings: TwinSettings, version: str) -> None:
+        from forensics.sandbox.host_memory import HostKV
         from forensics.sandbox.prefill import PrefillLoop
         from forensics.sandbox.shim import load_release
 
         self.settings = settings
         self.version = version
         self.release = load_release(settings.sglang_root, version=version)
-        self.loop = PrefillLoop(self.release, backend=settings.backend, host=settings.host, capture_logs=False)
+        # KV slots as large as the decode's pages (so the release's transfer moves whole pages), room
+        # for two full prefill batches in flight.
+        slots = max(64, 2 * nx.pages_for(settings.max_prefill_tokens * settings.bytes_per_token, settings.page_bytes))
+        kv = HostKV.allocate(slots=slots, kv_item_bytes=settings.page_bytes, aux_slots=AUX_SLOTS,
+                             aux_item_bytes=nx.AUX_ITEM_BYTES)
+        self.loop = PrefillLoop(self.release, backend=settings.backend, host=settings.host, capture_logs=False,
+                                kv=kv, transfer_workers=True)
         self.metrics = TwinMetrics(version, "prefill")
         self.scheduler = PrefillScheduler(settings, self.loop, self.metrics, version)
         self.bootstrap = BootstrapServer()
@@ -432,6 +521,10 @@ class PrefillServer(httpserver.EngineEndpoints):
                 "twin": {
                     "bootstrap_thread_alive": self.loop.thread_alive(),
                     "bootstrap_threads": self.loop.thread_info(),
+                    "transfer_workers": [{"name": t.name, "alive": t.is_alive()} for t in self.loop.transfer_threads],
+                    "transfers_in": "release transfer_worker threads" if self.loop.transfers_in_workers
+                                    else "scheduler thread (synchronous)",
+                    "free_kv_slots": len(sched.free_slots),
                     "zmq_endpoint": self.loop.endpoint,
                     "frames_consumed": self.loop.socket.delivered,
                     "bootstrap_queue": len(sched.bootstrap_queue),
@@ -446,10 +539,11 @@ class PrefillServer(httpserver.EngineEndpoints):
         })
 
     def stop(self) -> None:
-        # The process leaves with os._exit right after: the bootstrap thread is not stopped
-        # (terminating its ZMQ context would make 0.5.21+ log "bootstrap_thread died" at every
-        # shutdown, a false trail in the very log the forensics read).
-        self.scheduler.workers.shutdown(wait=False, cancel_futures=True)
+        # The process leaves with os._exit right after: the bootstrap thread and the release's
+        # transfer workers (daemons blocked on their queues) are not stopped (terminating the
+        # loop's ZMQ context would make 0.5.21+ log "bootstrap_thread died" at every shutdown,
+        # a false trail in the very log the forensics read).
+        return None
 
 
 def main() -> None:

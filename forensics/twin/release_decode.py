@@ -14,6 +14,16 @@ of NIXL notifications (``update_transfer_status``) and the failure reason
 (``failure_exception``). Only the socket factory is the twin's (sglang's goes
 through ``sglang.srt.utils.network``, which the sandbox stubs): a PUSH socket
 configured like the release's ``_connect``.
+
+The manager also runs the release's own decode threads, started by the thread-starting
+statements of its ``NixlKVManager.__init__`` decode branch (``forensics.sandbox.init_threads``):
+the heartbeat (``Thread-N (heartbeat_checker)``, ``HeartbeatChecker`` from 0.5.21) and, where the
+release starts one (0.5.20+), the listener on the decode's PULL socket. The heartbeat: every ``SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL`` (5 s) it
+GETs ``/health`` of each prefill bootstrap server the decode knows (the twin's route look-up
+enters it in the release's ``prefill_info_table``, as ``try_ensure_parallel_info`` does) and
+after ``SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE`` (2) failures in a row the release's
+``_handle_node_failure`` fails that prefill's rooms and drops its connection entries, so the
+next request looks the prefill up and registers again.
 """
 
 from __future__ import annotations
@@ -23,10 +33,13 @@ import threading
 from collections import defaultdict
 from types import SimpleNamespace
 
+import requests
 import zmq
 from packaging.version import Version
+from zmq.utils.monitor import parse_monitor_message
 
 from forensics.sandbox.host_memory import LAYERS
+from forensics.sandbox.managers import _env_value, _envs
 from forensics.sandbox.shim import LoadedRelease
 from forensics.twin.nixl_transfer import PagePool
 
@@ -63,6 +76,7 @@ class ReleaseDecode:
         rank_port: int,
         waiting_timeout: float,
         backend: str = "nixl",
+        server_socket: zmq.Socket | None = None,
     ) -> None:
         _install_warning_once()
         self.release = release
@@ -101,13 +115,80 @@ class ReleaseDecode:
             "transfer_statuses": defaultdict(self._transfer_status_class() or dict), "waiting_timeout": waiting_timeout,
             "connection_lock": threading.Lock(), "defer_decode_allocation": False, "deferred_bootstrap": None,
             "enable_all_cp_ranks_for_transfer": False,
+            # The heartbeat's state, as CommonKVManager.__init__ (decode) sets it; releases before
+            # 0.5.11 key the prefills it checks on prefill_dp_size_table.
+            "heartbeat_failures": {}, "session_pool": defaultdict(requests.Session),
+            "session_pool_lock": threading.Lock(), "_heartbeat_shutdown": threading.Event(),
+            "heartbeat_interval": max(float(_env_value(_envs(), "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0)), 2.0),
+            "max_failures": max(int(_env_value(_envs(), "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2)), 1),
+            "prefill_dp_size_table": {}, "prefill_tp_size_table": {}, "prefill_attn_tp_size_table": {},
+            "prefill_pp_size_table": {},
+            "server_socket": server_socket,  # the decode's PULL socket (read by 0.5.20+'s listener)
         }
         for key, value in state.items():
             setattr(mgr, key, value)
         self.manager = mgr
         self._sockets: dict[str, tuple[zmq.Socket, threading.Lock]] = {}
+        self._monitors: dict[str, zmq.Socket] = {}
+        self._lost: set[str] = set()
         self._ctx = zmq.Context.instance()
-        self.registered: set[str] = set()
+        self.threads: list[threading.Thread] = []
+
+    _PEER_TABLES = ("prefill_info_table", "prefill_dp_size_table", "prefill_tp_size_table",
+                    "prefill_attn_tp_size_table", "prefill_pp_size_table")
+
+    def start_threads(self) -> None:
+        """Start the decode threads the release's ``__init__`` starts (heartbeat, listener), with
+        the release's own statements."""
+        from forensics.sandbox.init_threads import decode_thread_start
+
+        start = decode_thread_start(type(self.manager))
+        if start is None:
+            return
+        before = set(threading.enumerate())
+        start(self.manager)
+        self.threads = [t for t in threading.enumerate() if t not in before]
+
+    @property
+    def heartbeat_threads(self) -> list[threading.Thread]:
+        return [t for t in self.threads if "heartbeat" in t.name.lower()]
+
+    @property
+    def reads_server_socket(self) -> bool:
+        """A release thread reads the decode's PULL socket (it must not be closed under it)."""
+        return any("heartbeat" not in t.name.lower() for t in self.threads)
+
+    @property
+    def has_heartbeat(self) -> bool:
+        return any(t.is_alive() for t in self.heartbeat_threads)
+
+    def track(self, bootstrap_addr: str, info: dict) -> None:
+        """Enter the prefill behind ``bootstrap_addr`` where the release's heartbeat finds it
+        (``try_ensure_parallel_info`` in 0.5.11+; the per-address size tables before)."""
+        with self.manager.connection_lock:
+            self.manager.prefill_info_table[bootstrap_addr] = dict(info)
+            for table in self._PEER_TABLES[1:]:
+                getattr(self.manager, table)[bootstrap_addr] = 1
+
+    def knows(self, bootstrap_addr: str) -> bool:
+        """False once the release's ``_handle_node_failure`` dropped the prefill (or before it was tracked)."""
+        with self.manager.connection_lock:
+            return all(bootstrap_addr in getattr(self.manager, table) for table in self._PEER_TABLES)
+
+    def peer_lost(self, bootstrap_info: dict) -> bool:
+        """Whether the TCP connection to that prefill rank dropped (a ZMQ monitor event on the PUSH
+        socket). With the release's ``RECONNECT_IVL=-1`` that socket never reconnects; the twin's
+        prefill restarts within one heartbeat window, which the heartbeat may not see."""
+        endpoint = f"tcp://{bootstrap_info['rank_ip']}:{bootstrap_info['rank_port']}"
+        monitor = self._monitors.get(endpoint)
+        while monitor is not None and monitor.poll(0):
+            try:
+                event = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if parse_monitor_message(event)["event"] == zmq.EVENT_DISCONNECTED:
+                self._lost.add(endpoint)
+        return endpoint in self._lost
 
     def _transfer_status_class(self) -> type | None:
         """The release's NIXL ``TransferStatus``; None (and ``self.unsupported`` says why) when the
@@ -134,9 +215,23 @@ class ReleaseDecode:
                 sock.setsockopt(zmq.LINGER, 0)
             else:
                 sock.setsockopt(zmq.LINGER, 0)  # the twin must not hang at exit
+            self._monitors[endpoint] = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             sock.connect(endpoint)
             self._sockets[endpoint] = (sock, threading.Lock())
         return self._sockets[endpoint]
+
+    def _disconnect(self, endpoint: str) -> None:
+        sock, _ = self._sockets.pop(endpoint, (None, None))
+        monitor = self._monitors.pop(endpoint, None)
+        if sock is not None:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            sock.close(linger=0)
+        if monitor is not None:
+            monitor.close(linger=0)
+        self._lost.discard(endpoint)
 
     # ---------------------------------------------------------------- receivers
 
@@ -160,18 +255,25 @@ class ReleaseDecode:
         recv.target_cp_ranks, recv.target_pp_ranks = [0], [0]
         self.manager.required_prefill_response_num_table[recv.bootstrap_room] = 1
         key = f"{recv.bootstrap_addr}_0_0_0"
-        if key not in self.registered:
+        with self.manager.connection_lock:
+            known = key in self.manager.connection_pool
+        if not known:  # first contact, or the heartbeat's _handle_node_failure dropped the entry
             recv._register_kv_args()
-            self.registered.add(key)
-            self.manager.connection_pool[key] = recv.bootstrap_infos
+            with self.manager.connection_lock:
+                self.manager.connection_pool[key] = recv.bootstrap_infos
         self.manager.update_status(recv.bootstrap_room, self.KVPoll.WaitingForInput)
 
-    def forget_peer(self, bootstrap_addr: str) -> None:
-        """Drop what was registered with ``bootstrap_addr`` (sglang's ``_handle_node_failure`` does
-        the same to its connection pool), so the next request registers again."""
-        for key in [k for k in self.registered if k.startswith(f"{bootstrap_addr}_")]:
-            self.registered.discard(key)
-            self.manager.connection_pool.pop(key, None)
+    def forget_peer(self, bootstrap_addr: str, bootstrap_info: dict | None = None) -> None:
+        """Drop what was registered with ``bootstrap_addr`` (as sglang's ``_handle_node_failure``
+        does to its connection pool and prefill table), and the socket to its old rank endpoint,
+        so the next request looks the prefill up and registers again."""
+        with self.manager.connection_lock:
+            for key in [k for k in self.manager.connection_pool if k.startswith(f"{bootstrap_addr}_")]:
+                del self.manager.connection_pool[key]
+            for table in self._PEER_TABLES:
+                getattr(self.manager, table).pop(bootstrap_addr, None)
+        if bootstrap_info is not None:
+            self._disconnect(f"tcp://{bootstrap_info['rank_ip']}:{bootstrap_info['rank_port']}")
 
     def failure_text(self, recv) -> str:
         """``KVTransferError(...)`` as the scheduler's failure line prints it."""
@@ -182,9 +284,9 @@ class ReleaseDecode:
         return "unknown failure"
 
     def close(self) -> None:
-        for sock, _ in self._sockets.values():
-            sock.close(linger=0)
-        self._sockets.clear()
+        self.manager._heartbeat_shutdown.set()  # 0.5.21+ ends its loop on it; earlier ones are daemons
+        for endpoint in list(self._sockets):
+            self._disconnect(endpoint)
 
 
 class _NoTrace:
