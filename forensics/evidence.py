@@ -64,6 +64,7 @@ FRAMES = (
     "probes",  # forensics.probes: one row per probe
     "metrics",  # forensics.collectors.metrics SAMPLES_SCHEMA
     "scrapes",  # forensics.collectors.metrics SCRAPES_SCHEMA
+    "prometheus",  # the PD queue series over the window from the inventory's Prometheus server (same schema as metrics)
     "loads",  # /v1/loads rows per engine and DP rank
     "server_info",  # one row per engine: version, backend, JSON of what /server_info said (redacted)
     "processes",  # engine processes found: engine, role, host, pid, start_time, cmdline

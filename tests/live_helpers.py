@@ -20,17 +20,24 @@ PY_SPY = str(Path(sys.executable).with_name("py-spy"))
 
 def ssh_inventory(twin, sshd, path: Path, *, logs: str | dict | None = "file", py_spy: str = PY_SPY,
                   journalctl: str = "journalctl", sudo: bool = False, user: str | None = None,
-                  name: str = "twin-over-ssh") -> Path:
+                  name: str = "twin-over-ssh", pid_dir: Path | None = None) -> Path:
     """An inventory for ``twin`` whose host is the test ``sshd`` (ssh://USER@127.0.0.1:PORT).
 
     ``logs``: "file" (the twin's log files, read over SFTP), None (no log source: stderr
-    unavailable), or a mapping role -> logs table (journal files).
+    unavailable), or a mapping role -> logs table (journal files). ``pid_dir``: copy the
+    pid files there (as /run is, readable by every user) and point the selectors at the copies.
     """
     source = twin.inventory
     engines = []
     for engine in source.engines:
+        pid_file = engine.pid_file
+        if pid_dir is not None:
+            pid_file = str(pid_dir / Path(engine.pid_file).name)
+            Path(pid_file).write_text(Path(engine.pid_file).read_text())
+            Path(pid_file).chmod(0o644)
+        process = {"title": engine.process, "pid_file": pid_file}
         entry = {"name": f"{engine.role}-0", "role": engine.role, "host": "twin-node", "url": engine.url,
-                 "process": {"title": engine.process, "pid_file": engine.pid_file}}
+                 "process": process}
         if engine.bootstrap_port is not None:
             entry["bootstrap_port"] = engine.bootstrap_port
         if logs == "file":
@@ -54,11 +61,27 @@ def bootstrap_alive(twin) -> bool:
     return bool(twin_state(twin.prefill)["bootstrap_thread_alive"])
 
 
+def health_answers_quickly(twin, within_s: float = 1.0) -> bool:
+    """The prefill's /health answers within ``within_s`` (no long batch ahead of it)."""
+    import httpx
+
+    try:
+        return httpx.get(twin.prefill + "/health", timeout=30).elapsed.total_seconds() < within_s
+    except httpx.HTTPError:
+        return False
+
+
 def ensure_wedged(twin) -> None:
-    """Kill a client mid-transfer until the prefill's bootstrap thread is dead (as the incident did)."""
+    """Kill a client mid-transfer until the prefill's bootstrap thread is dead (as the incident did).
+
+    Then wait until the prefill has finished the killed client's long prefill batch: until
+    then its /health waits behind that batch (as sglang's does), which is not what a
+    responder arriving later sees.
+    """
     if bootstrap_alive(twin):
         kill_client_during_transfer_wait(twin)
         wait_until(lambda: not bootstrap_alive(twin), 30, "the prefill's bootstrap thread to die")
+    wait_until(lambda: health_answers_quickly(twin), 60, "the prefill's /health to answer promptly")
 
 
 def ensure_healthy(twin) -> None:

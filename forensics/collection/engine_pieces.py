@@ -124,6 +124,42 @@ class Sampling:
         return result
 
 
+# ------------------------------------------------------------------------ prometheus
+
+# The PD series worth their history: the queues a wedge fills and the counters that move during it.
+PROMETHEUS_METRICS = (
+    "sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_inflight_queue_reqs",
+    "sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs",
+    "sglang:num_bootstrap_failed_reqs_total", "sglang:num_transfer_failed_reqs_total",
+    "sglang:num_aborted_requests_total",
+)
+PROMETHEUS_POINTS = 720  # per series over the window (step = window / this, at least 1 s)
+
+
+def prometheus_history(inventory, bounds) -> PieceResult:
+    """The PD series over the log window from the inventory's Prometheus server, when it names one."""
+    result = PieceResult()
+    if not inventory.prometheus:
+        return result
+    from forensics.collectors.prometheus_api import PrometheusAPI
+
+    end = bounds.until if bounds.until is not None else pd.Timestamp.now(tz="UTC")
+    start = bounds.since if bounds.since is not None else end - pd.Timedelta(minutes=30)
+    step = max(1.0, (end - start).total_seconds() / PROMETHEUS_POINTS)
+    api = PrometheusAPI(inventory.prometheus)
+    frames = []
+    for metric in PROMETHEUS_METRICS:
+        try:
+            frames.append(api.metric(metric, start.to_pydatetime(), end.to_pydatetime(), step).to_frame())
+        except Exception as exc:  # noqa: BLE001 - one failed query is a gap, the others still count
+            result.gaps.append(Gap("metrics", f"prometheus {safe_url(inventory.prometheus)}",
+                                   f"query for {metric} failed: {exc}", "check [deployment] prometheus", partial=True))
+    frames = [f for f in frames if len(f)]
+    if frames:
+        result.add("prometheus", pd.concat(frames, ignore_index=True))
+    return result
+
+
 # ---------------------------------------------------------------------- release source
 
 class ReleaseCache:
@@ -209,7 +245,7 @@ def _processes(host, engine, options, result: PieceResult) -> list:
     chosen = engine.selector
     selector = ProcessSelector(title=chosen.title, cmdline=chosen.cmdline, pid_file=chosen.pid_file)
     scan = find_processes(host, selector, python=_host_python(engine), timeout=options.command_timeout_s,
-                          sudo=False, target=engine.label)
+                          sudo=engine.sudo, target=engine.label)
     result.commands.extend(scan.commands)
     frame = scan.to_frame()
     frame.insert(0, "engine", pd.array([engine.name] * len(frame), dtype="string"))

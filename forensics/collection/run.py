@@ -131,6 +131,10 @@ def collect(target: Any, *, options: CollectOptions | None = None, progress: Pro
         result = sampling.stop(options)
         keep(result, "probes and metrics stopped")
         inventory.close_hosts()
+    if "metrics" in options.pieces and inventory.prometheus:
+        # After the sampling: the history then covers the whole collection, up to our last scrape.
+        total += 1
+        keep(engine_pieces.prometheus_history(inventory, bounds), "Prometheus history")
     merged = {name: _concat(parts) for name, parts in frames.items()}
     merged["engines"] = engines_frame(inventory)
     deployment = {

@@ -349,6 +349,14 @@ def find_processes(
                       fix="set python = ... (the engine's interpreter) in the inventory", state=result.state.value)
         scan.gaps.append(gap)
         return scan
+    unreadable = doc.get("pid_file_error", "")
+    if not scan.processes and unreadable and not unreadable.startswith("FileNotFoundError"):
+        # Not "no process": we could not read which pid is the engine's (a missing pid file is
+        # different: engines remove theirs when they stop).
+        scan.gaps.append(Gap("processes", target, f"cannot read the pid file {selector.pid_file} on {host.name} "
+                             f"({unreadable}): cannot tell whether the engine runs",
+                             fix="sudo = true for this host, or make the pid file readable"))
+        return scan
     if not scan.processes:
         where = f"no process matching {selector.describe()} on {host.name}"
         if "pid_file_error" in doc:

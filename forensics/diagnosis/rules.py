@@ -65,7 +65,7 @@ def decide(evidence: Evidence, signals: list[Signal] | None = None) -> Verdict:
                                "completed real request")
             return verdict("HEALTHY", reasons)
 
-    if degraded and not wedge:
+    if degraded and set(wedge_sources) <= {"probes"}:
         reasons = [f"[{s.source}] {s.engine}: {s.says}" for s in degraded]
         if liveness_failing(signals):
             reasons.insert(0, "liveness is failing and the evidence points to these failures rather than a wedge:")

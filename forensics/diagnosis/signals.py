@@ -19,10 +19,13 @@ from forensics.evidence import Evidence
 SOURCES = ("probes", "processes", "threads", "logs", "metrics")
 KINDS = ("wedge", "down", "degraded", "healthy", "context")
 HEALTH_KINDS = ("health", "health_generate")
+SLOW_OUTCOMES = ("late", "pending", "answered_late")  # no answer within the deadline, but no error either
 BOOTSTRAP_QUEUE = "sglang:num_prefill_bootstrap_queue_reqs"
 # A bootstrap-queue gauge "only grows" over at least this many samples and this long.
-QUEUE_GROWTH_MIN_SAMPLES = 3
-QUEUE_GROWTH_MIN_SPAN = pd.Timedelta(seconds=2)
+# Long enough that one in-flight request (our own liveness probe included) passing through the
+# queue on a healthy engine does not look like growth.
+QUEUE_GROWTH_MIN_SAMPLES = 5
+QUEUE_GROWTH_MIN_SPAN = pd.Timedelta(seconds=10)
 EVIDENCE_ROWS = 10
 # Log finding classes (forensics/logs/findings.toml) and what they mean for a verdict.
 LOG_CLASS_KIND = {
@@ -143,13 +146,22 @@ def probe_signals(evidence: Evidence) -> list[Signal]:
         since = f" since {_when(first_fail)}" if first_fail is not None else ""
         says = (f"the one-token completion through {last['target']} is {last['outcome']}{since} "
                 f"({len(failing)} failing of {len(liveness)} decided liveness rows, {len(sent)} probe(s) sent)")
+        slow = health[health["failing"]]
         if health_ok:
             healthy = ", ".join(sorted(set(health["target"])))
             out.append(Signal("health_lies", "probes", str(last["target"]), "wedge",
                               says + f", while health answers 200 on {healthy}", last["ts"],
                               rows(pd.concat([liveness.tail(3), health]), shown)))
+        elif slow["outcome"].isin(SLOW_OUTCOMES).all():
+            # Health is slow (a long batch ahead of it, as in sglang), not erroring: the real path
+            # still fails. It counts toward a wedge, which needs a second source all the same.
+            names = ", ".join(f"{r.target} {r.kind}" for r in slow.itertuples())
+            out.append(Signal("liveness_failing", "probes", str(last["target"]), "wedge",
+                              says + f"; health is slow too ({names})", last["ts"],
+                              rows(pd.concat([liveness.tail(3), health]), shown)))
         else:
-            out.append(Signal("liveness_failing", "probes", str(last["target"]), "context", says, last["ts"],
+            out.append(Signal("liveness_failing", "probes", str(last["target"]), "context",
+                              says + "; health fails too (see the health signals)", last["ts"],
                               rows(liveness.tail(3), shown)))
     else:
         if len(failing):
@@ -219,6 +231,7 @@ def log_signals(evidence: Evidence) -> list[Signal]:
         from forensics.logs.summary import DEATHS
 
         starts = start_times(evidence)
+        restarted = max(starts.values()) if starts else None  # the deployment's last (re)start
         class_of = {sig: cls.id for cls in finding_classes() for sig in cls.signatures}
         for engine, group in events.groupby("engine", sort=False):
             engine = str(engine)
@@ -244,13 +257,25 @@ def log_signals(evidence: Evidence) -> list[Signal]:
                                   f"{first['thread'] or 'a thread'} died at {_when(first['ts'])} with "
                                   f"{first['message']!r} [{first['source']}:{first['line']}]{caveat}", first["ts"],
                                   rows(deaths, ["ts", "source", "line", "thread", "message"])))
-            classes = current["signature"].map(class_of)
+            # Failures of the PD pipeline (timeouts, transfers, heartbeats) involve both sides: a
+            # restart of either side starts it afresh, so lines before the last restart are history.
+            recent = current
+            if restarted is not None:
+                recent = group[group["ts"].notna() & (group["ts"] >= restarted)]
+            classes = recent["signature"].map(class_of)
+            older = group["signature"].map(class_of)
             for cls, (name, kind) in LOG_CLASS_KIND.items():
-                hits = current[(classes == cls).to_numpy()]
+                hits = recent[(classes == cls).to_numpy()]
                 if len(hits):
                     out.append(Signal(name, "logs", engine, kind,
                                       f"{len(hits)} '{cls}' line(s), first at {_when(hits['ts'].iloc[0])}",
                                       hits["ts"].iloc[0], rows(hits, ["ts", "source", "line", "signature", "room", "message"])))
+                elif restarted is not None and (older == cls).any():
+                    before = group[(older == cls).to_numpy()]
+                    out.append(Signal(f"old_{name}", "logs", engine, "context",
+                                      f"{len(before)} '{cls}' line(s) before the last engine restart at "
+                                      f"{_when(restarted)} (history)", before["ts"].iloc[-1],
+                                      rows(before.tail(3), ["ts", "source", "line", "signature", "room", "message"])))
     findings = evidence.frame("log_findings")
     if findings is not None and len(findings):
         growth = findings[findings["id"] == "bootstrap_queue_growth"]
