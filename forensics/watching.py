@@ -28,6 +28,7 @@ from forensics.evidence import Evidence
 
 DEFAULT_DEADLINES_S = {"health": 2.0, "health_generate": 2.0, "liveness": 2.0}
 OnChange = Callable[[Verdict, Verdict | None], None]
+OnTick = Callable[[Verdict], None]
 
 
 @dataclass
@@ -131,11 +132,13 @@ class Watcher:
 
 
 def watch(target: Any, *, for_s: float | None = None, on_change: OnChange | None = None,
-          stop: threading.Event | None = None, settings: WatchSettings | None = None, **kwargs: Any) -> Verdict:
+          on_tick: OnTick | None = None, stop: threading.Event | None = None,
+          settings: WatchSettings | None = None, **kwargs: Any) -> Verdict:
     """Watch ``target`` (inventory path, Inventory or twin) until ``for_s`` passes or ``stop`` is set.
 
     ``on_change(verdict, previous)`` is called at the first verdict and at every change of
-    verdict word. Returns the last verdict. Keyword arguments are :class:`WatchSettings` fields.
+    verdict word; ``on_tick(verdict)`` after every tick (a live display). Returns the last
+    verdict. Keyword arguments are :class:`WatchSettings` fields.
     """
     settings = settings or WatchSettings(**kwargs)
     stop = stop or threading.Event()
@@ -148,6 +151,8 @@ def watch(target: Any, *, for_s: float | None = None, on_change: OnChange | None
             verdict, changed = watcher.tick()
             if changed and on_change is not None:
                 on_change(verdict, previous)
+            if on_tick is not None:
+                on_tick(verdict)
             if ends is not None and time.monotonic() >= ends:
                 break
             wait = settings.interval_s - (time.monotonic() - began)

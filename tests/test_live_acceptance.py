@@ -433,3 +433,21 @@ def test_the_inventorys_prometheus_gives_the_same_queue_series_as_the_scraper(tw
     ours = scraped[(scraped["metric_canonical"] == gauge) & (scraped["host"] == "prefill-0")].sort_values("ts")
     assert len(theirs) and len(ours)
     assert theirs["value_int"].iloc[-1] == ours["value_int"].iloc[-1] >= 1  # the stuck requests, both sources
+
+
+@pytest.mark.timeout(300)
+def test_watch_command_prints_one_json_line_per_change_and_exits_with_the_last_verdict(twin, sshd, tmp_path,
+                                                                                        leak_guard):
+    ensure_healthy(twin)
+    _allow_restarted(twin, leak_guard)
+    inventory = ssh_inventory(twin, sshd, tmp_path / "watch-cli.toml")
+    status, out, err = invoke("watch", "--inventory", str(inventory), "--for", "6s", "--json")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert lines, err
+    assert all(list(doc)[:2] == ["status", "exit"] and doc["change"] for doc in lines)
+    assert [doc["verdict"] for doc in lines][-1] == "HEALTHY" and status == 0
+    # Not a terminal: one plain line per change, "TIME OLD -> NEW: first reason".
+    status, out, _ = invoke("watch", "--inventory", str(inventory), "--for", "6s")
+    changes = out.splitlines()
+    assert changes and all(" -> " in line for line in changes)
+    assert changes[-1].split(" -> ")[1].startswith("HEALTHY") and status == 0

@@ -30,23 +30,38 @@ def command(inventory, for_s, interval_s, as_json) -> None:
     if inventory is None:
         raise UsageProblem("watch needs --inventory FILE (a twin's is printed by 'forensics twin up')")
     stop = threading.Event()
-    live = sys.stdout.isatty() and not as_json
+    live_display = None
+    if sys.stdout.isatty() and not as_json:
+        from rich.live import Live
+
+        from forensics.cli.render import console
+
+        live_display = Live(console=console(), refresh_per_second=4, transient=False)
+
+    def change_line(verdict, previous) -> str:
+        reason = verdict.reasons[0] if verdict.reasons else ""
+        return f"{verdict.at} {previous.verdict if previous else '-'} -> {verdict.verdict}: {reason}"
 
     def on_change(verdict, previous) -> None:
         if as_json:
             doc = {"status": verdict.status, "exit": int(verdict.exit_status), "change": True,
                    "previous": previous.verdict if previous else None, **verdict.to_dict()}
             emit_line(doc)
-        elif live:
-            from forensics.cli.render import console
-
-            console().print(verdict)
+        elif live_display is not None:
+            live_display.console.print(change_line(verdict, previous), soft_wrap=True)
         else:
-            reason = verdict.reasons[0] if verdict.reasons else ""
-            print(f"{verdict.at} {previous.verdict if previous else '-'} -> {verdict.verdict}: {reason}", flush=True)
+            print(change_line(verdict, previous), flush=True)
+
+    def on_tick(verdict) -> None:
+        live_display.update(verdict)  # the current verdict, redrawn in place under the change lines
 
     try:
-        last = watch(inventory, for_s=for_s, interval_s=interval_s, on_change=on_change, stop=stop)
+        if live_display is not None:
+            with live_display:
+                last = watch(inventory, for_s=for_s, interval_s=interval_s, on_change=on_change, on_tick=on_tick,
+                             stop=stop)
+        else:
+            last = watch(inventory, for_s=for_s, interval_s=interval_s, on_change=on_change, stop=stop)
     except KeyboardInterrupt:
         stop.set()
         raise
