@@ -26,8 +26,9 @@ from pathlib import Path
 
 import tomli_w
 
+from benchmarks._results import write_section
+
 BENCHMARK = "py-spy dump + parse of the twin's prefill (median); collect from 50 SSH targets vs 1"
-RESULTS = Path(__file__).parent / "RESULTS.md"
 SECTION_START = "<!-- live-collect:start -->"
 SECTION_END = "<!-- live-collect:end -->"
 FANOUT_PIECES = ("processes", "server_info", "settings", "logs")
@@ -130,12 +131,7 @@ def section(result: dict) -> str:
 
 
 def write(text: str) -> None:
-    current = RESULTS.read_text(encoding="utf-8")
-    if SECTION_START in current:
-        head, rest = current.split(SECTION_START, 1)
-        RESULTS.write_text(head + text + rest.split(SECTION_END, 1)[1], encoding="utf-8")
-    else:
-        RESULTS.write_text(current.rstrip("\n") + "\n\n" + text + "\n", encoding="utf-8")
+    write_section(text, SECTION_START, SECTION_END)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,8 +34,9 @@ from urllib.parse import urlparse
 
 import pandas as pd
 
+from benchmarks._results import write_section
+
 BENCHMARK = "watch: seconds from bootstrap-thread death to WEDGED (20 trials); no WEDGED in 2 min of healthy load"
-RESULTS = Path(__file__).parent / "RESULTS.md"
 SECTION_START = "<!-- live-watch:start -->"
 SECTION_END = "<!-- live-watch:end -->"
 TARGET_S = 5.0
@@ -219,12 +220,7 @@ def section(results: dict[str, list[dict]], healthy: dict) -> str:
 
 
 def write(text: str) -> None:
-    current = RESULTS.read_text(encoding="utf-8")
-    if SECTION_START in current:
-        head, rest = current.split(SECTION_START, 1)
-        RESULTS.write_text(head + text + rest.split(SECTION_END, 1)[1], encoding="utf-8")
-    else:
-        RESULTS.write_text(current.rstrip("\n") + "\n\n" + text + "\n", encoding="utf-8")
+    write_section(text, SECTION_START, SECTION_END)
 
 
 def main(argv: list[str] | None = None) -> int:

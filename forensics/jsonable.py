@@ -42,12 +42,12 @@ def _enc_hook(value):
     return str(value)
 
 
-def encode_json(document) -> bytes:
-    """One JSON document, indented, NaN written as null (never as the invalid ``NaN``)."""
+def encode_json(document, *, indent: int = 2) -> bytes:
+    """One JSON document, NaN written as null (never as the invalid ``NaN``); ``indent=0``: one line."""
     import msgspec
 
     raw = msgspec.json.encode(_without_nan(document), enc_hook=_enc_hook)
-    return msgspec.json.format(raw, indent=2)
+    return msgspec.json.format(raw, indent=indent) if indent else raw
 
 
 def _without_nan(value):

@@ -85,10 +85,23 @@ def ensure_wedged(twin) -> None:
 
 
 def ensure_healthy(twin) -> None:
-    """Restart the prefill when its bootstrap thread is dead (the traceback stays in its log)."""
+    """Restart the prefill when its bootstrap thread is dead (the traceback stays in its log).
+
+    Then one real request must complete: until the decode has noticed the restart (its
+    heartbeat, as in sglang), it may still send to the old prefill's socket.
+    """
+    import httpx
+
     if not bootstrap_alive(twin):
         twin.restart("prefill")
         wait_until(lambda: bootstrap_alive(twin), 60, "the restarted prefill's bootstrap thread")
+
+    def completes() -> bool:
+        response = httpx.post(twin.router + "/generate", timeout=120,
+                              json={"text": "after the restart", "sampling_params": {"max_new_tokens": 1}})
+        return response.status_code == 200
+
+    wait_until(completes, 180, "a request to complete through the router")
 
 
 @contextmanager

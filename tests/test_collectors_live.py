@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import select
-import shutil
 import socket
 import subprocess
 import sys
@@ -344,27 +342,12 @@ USER = "pdfx-collect-test"
 
 @pytest.fixture(scope="module")
 def plain_user(sshd):
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("needs root and useradd to make an unprivileged user")
+    from user_helpers import skip_reason, test_user
 
-    def remove() -> None:
-        try:
-            pwd.getpwnam(USER)
-        except KeyError:
-            return
-        procs = [p for p in psutil.process_iter(["username"]) if p.info["username"] == USER]
-        for p in procs:
-            p.kill()
-        psutil.wait_procs(procs, timeout=30)
-        subprocess.run(["userdel", "--remove", USER], capture_output=True, timeout=60)
-
-    remove()
-    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--password", "*", USER],
-                   check=True, capture_output=True, timeout=60)
-    try:
-        yield USER
-    finally:
-        remove()
+    if skip_reason():
+        pytest.skip(skip_reason())
+    with test_user(USER) as name:
+        yield name
 
 
 @pytest.mark.server

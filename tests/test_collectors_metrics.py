@@ -482,43 +482,13 @@ def _static_page(version: str):
 @pytest.fixture
 def prometheus(tmp_path, servers):
     """A real Prometheus (Debian's) scraping a 0.5.11 and a 0.5.15 prefill page every 200 ms."""
-    import shutil
-    import subprocess
+    from prometheus_helpers import running_prometheus
 
-    from forensics.collectors.prometheus_api import PrometheusAPI
-
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip("prometheus is not installed (Debian package `prometheus`)")
     old, new = servers(_static_page("0.5.11")), servers(_static_page("0.5.15"))
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 200ms\n  scrape_timeout: 150ms\n"
-        "scrape_configs:\n  - job_name: sglang\n    static_configs:\n"
-        f"      - targets: ['{old.url.split('//')[1]}']\n        labels: {{role: prefill, host: p-old}}\n"
-        f"      - targets: ['{new.url.split('//')[1]}']\n        labels: {{role: prefill, host: p-new}}\n")
-    port = free_port()
-    log = (tmp_path / "prometheus.log").open("wb")
-    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    api = PrometheusAPI(f"http://127.0.0.1:{port}", timeout_s=10)
-    try:
-        deadline = time.monotonic() + DEADLINE_S
-        pause = threading.Event()  # never set: a bounded wait between readiness checks
-        while not api.ready():
-            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
-            assert time.monotonic() < deadline, "Prometheus not ready"
-            pause.wait(0.1)
+    targets = {old.url.split("//")[1]: {"role": "prefill", "host": "p-old"},
+               new.url.split("//")[1]: {"role": "prefill", "host": "p-new"}}
+    with running_prometheus(tmp_path, targets, interval="200ms") as api:
         yield api, old, new
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
-        log.close()
 
 
 @pytest.mark.server

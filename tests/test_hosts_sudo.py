@@ -42,15 +42,9 @@ def _ensure_sudo() -> None:
 
 
 def _remove_user() -> None:
-    try:
-        pwd.getpwnam(USER)
-    except KeyError:
-        return
-    procs = [p for p in psutil.process_iter(["username"]) if p.info["username"] == USER]
-    for p in procs:  # only processes of our own test user
-        p.kill()
-    psutil.wait_procs(procs, timeout=30)
-    subprocess.run(["userdel", "--remove", USER], capture_output=True, timeout=60)
+    from user_helpers import remove_user
+
+    remove_user(USER)
 
 
 @pytest.fixture(scope="module")

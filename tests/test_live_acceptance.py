@@ -266,35 +266,12 @@ def test_a_command_timing_out_and_output_cut_at_the_byte_cap_are_recorded(twin, 
 
 @pytest.fixture()
 def plain_user(sshd):
-    import os
-    import pwd
-    import shutil
-    import subprocess
+    from user_helpers import skip_reason, test_user
 
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("needs root and useradd: adds a user")
-    user = "pdfx-live-test"
-
-    def remove() -> None:
-        import psutil
-
-        try:
-            pwd.getpwnam(user)
-        except KeyError:
-            return
-        procs = [p for p in psutil.process_iter(["username"]) if p.info["username"] == user]
-        for p in procs:
-            p.kill()
-        psutil.wait_procs(procs, timeout=30)
-        subprocess.run(["userdel", "--remove", user], capture_output=True, timeout=60)
-
-    remove()
-    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--password", "*", user],
-                   check=True, capture_output=True, timeout=60)
-    try:
-        yield user
-    finally:
-        remove()
+    if skip_reason():
+        pytest.skip(skip_reason())
+    with test_user("pdfx-live-test") as name:
+        yield name
 
 
 @pytest.mark.timeout(300)
@@ -363,69 +340,23 @@ def test_sshd_stopped_mid_collection_keeps_what_was_read(twin, tmp_path, leak_gu
     assert fx.diagnose(evidence).verdict != "HEALTHY"
 
 
-@pytest.fixture()
-def prometheus_for(tmp_path):
-    """Start a real Prometheus (Debian's) scraping a twin's prefill and decode every 500 ms."""
-    import shutil
-    import subprocess
-    import threading
-    import time
-
-    from sshd_helpers import free_port
-
-    from forensics.collectors.prometheus_api import PrometheusAPI
-
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip("prometheus is not installed (Debian package `prometheus`; ./run installs it)")
-    started = []
-
-    def start(twin) -> str:
-        targets = "".join(
-            f"      - targets: ['{twin.inventory.engine(role).url.split('//')[1]}']\n"
-            f"        labels: {{role: {role}, host: {role}-0}}\n" for role in ("prefill", "decode"))
-        config = tmp_path / "prometheus.yml"
-        config.write_text("global:\n  scrape_interval: 500ms\n  scrape_timeout: 400ms\n"
-                          "scrape_configs:\n  - job_name: sglang\n    static_configs:\n" + targets)
-        port = free_port()
-        log = (tmp_path / "prometheus.log").open("wb")
-        proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        started.append((proc, log))
-        api = PrometheusAPI(f"http://127.0.0.1:{port}", timeout_s=10)
-        deadline = time.monotonic() + 120
-        pause = threading.Event()
-        while not (api.ready() and len(api.instant('up{job="sglang"} == 1').to_frame()) == 2):
-            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
-            assert time.monotonic() < deadline, "Prometheus never scraped the twin"
-            pause.wait(0.2)
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for proc, log in started:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
-        log.close()
-
-
 @pytest.mark.timeout(300)
-def test_the_inventorys_prometheus_gives_the_same_queue_series_as_the_scraper(twin, sshd, tmp_path, prometheus_for):
+def test_the_inventorys_prometheus_gives_the_same_queue_series_as_the_scraper(twin, sshd, tmp_path):
     import tomllib
 
     import tomli_w
+    from prometheus_helpers import running_prometheus
 
     ensure_wedged(twin)
-    url = prometheus_for(twin)
-    inventory = ssh_inventory(twin, sshd, tmp_path / "with-prometheus.toml")
-    document = tomllib.loads(inventory.read_text())
-    document["deployment"]["prometheus"] = url
-    inventory.write_text(tomli_w.dumps(document))
-    evidence = fx.collect(inventory, sample_s=SAMPLE_S, since="2m", pieces=("probes", "metrics"))
+    targets = {twin.inventory.engine(role).url.split("//")[1]: {"role": role, "host": f"{role}-0"}
+               for role in ("prefill", "decode")}
+    with running_prometheus(tmp_path, targets,
+                            ready_when=lambda api: len(api.instant('up{job="sglang"} == 1').to_frame()) == 2) as api:
+        inventory = ssh_inventory(twin, sshd, tmp_path / "with-prometheus.toml")
+        document = tomllib.loads(inventory.read_text())
+        document["deployment"]["prometheus"] = api.base_url
+        inventory.write_text(tomli_w.dumps(document))
+        evidence = fx.collect(inventory, sample_s=SAMPLE_S, since="2m", pieces=("probes", "metrics"))
     history, scraped = evidence.frame("prometheus"), evidence.frame("metrics")
     assert history is not None and len(history), [str(g) for g in evidence.gaps]
     gauge = "sglang:num_prefill_bootstrap_queue_reqs"
@@ -451,3 +382,41 @@ def test_watch_command_prints_one_json_line_per_change_and_exits_with_the_last_v
     changes = out.splitlines()
     assert changes and all(" -> " in line for line in changes)
     assert changes[-1].split(" -> ")[1].startswith("HEALTHY") and status == 0
+
+
+@pytest.mark.timeout(300)
+def test_wedged_from_journal_files_read_over_ssh_with_the_unit_filter(twin, sshd, tmp_path):
+    from forensics.logs.journal_write import write_journal
+
+    ensure_wedged(twin)
+    journal_dir = tmp_path / "journal"
+    # One folder for both services, as systemd-journal-remote keeps a remote host's journal.
+    for role in ("prefill", "decode"):
+        write_journal(twin.log_path(role), journal_dir, unit=f"sglang-{role}.service")
+    logs = {role: {"journal_dir": str(journal_dir), "unit": f"sglang-{role}.service"} for role in ("prefill", "decode")}
+    inventory = ssh_inventory(twin, sshd, tmp_path / "journals.toml", logs=logs)
+    evidence = fx.collect(inventory, sample_s=SAMPLE_S)
+    events = evidence.frame("events")
+    assert set(events.loc[events["signature"] == "thread_death", "engine"]) == {"prefill-0"}  # -u kept them apart
+    assert events["source"].str.contains("journal-dir:").all()
+    verdict = fx.diagnose(evidence)
+    assert verdict.verdict == "WEDGED" and "thread_death_logged" in _names(verdict)
+
+
+@pytest.mark.timeout(300)
+def test_nixl_across_two_hosts_without_ucx_net_devices_is_flagged(twin, sshd, tmp_path):
+    import tomllib
+
+    import tomli_w
+
+    inventory = ssh_inventory(twin, sshd, tmp_path / "two-hosts.toml")
+    document = tomllib.loads(inventory.read_text())
+    for engine in document["engine"]:
+        if engine["role"] == "prefill":
+            engine["host"] = "local"  # the prefill on this machine, the decode behind the sshd
+    inventory.write_text(tomli_w.dumps(document))
+    evidence = fx.collect(inventory, pieces=("processes", "server_info", "settings"), sample_s=0.0)
+    findings = evidence.frame("setting_findings")
+    assert findings is not None, [str(g) for g in evidence.gaps]
+    assert "multi_node_nixl_without_ucx_net_devices" in set(findings["id"])
+    assert "vulnerable_release" in set(findings["id"])  # 0.5.15 with NIXL

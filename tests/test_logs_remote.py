@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -302,28 +301,12 @@ def test_timeout_keeps_what_came_before(sshd, logs):
 
 @pytest.fixture(scope="module")
 def plain_user(sshd):
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("needs root and useradd: adds an unprivileged user")
-    _remove_user()
-    # '*' = no password at all, but not a locked account (sshd refuses locked ones without PAM).
-    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--password", "*", TEST_USER],
-                   check=True, capture_output=True, timeout=60)
-    try:
-        yield TEST_USER
-    finally:
-        _remove_user()
+    from user_helpers import skip_reason, test_user
 
-
-def _remove_user() -> None:
-    try:
-        pwd.getpwnam(TEST_USER)
-    except KeyError:
-        return
-    procs = [p for p in psutil.process_iter(["username"]) if p.info["username"] == TEST_USER]
-    for p in procs:  # only processes of our own test user
-        p.kill()
-    psutil.wait_procs(procs, timeout=30)
-    subprocess.run(["userdel", "--remove", TEST_USER], capture_output=True, timeout=60)
+    if skip_reason():
+        pytest.skip(skip_reason())
+    with test_user(TEST_USER) as name:
+        yield name
 
 
 def test_permission_denied_is_named_with_the_fix(sshd, logs, plain_user):

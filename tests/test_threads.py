@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -449,15 +447,9 @@ SUDOERS = Path("/etc/sudoers.d/pdfx-threads-test")
 
 
 def _remove_user() -> None:
-    try:
-        pwd.getpwnam(USER)
-    except KeyError:
-        return
-    procs = [p for p in psutil.process_iter(["username"]) if p.info["username"] == USER]
-    for p in procs:  # only our own test user's processes
-        p.send_signal(signal.SIGKILL)
-    psutil.wait_procs(procs, timeout=30)
-    subprocess.run(["userdel", "--remove", USER], capture_output=True, timeout=60)
+    from user_helpers import remove_user
+
+    remove_user(USER)
 
 
 @pytest.fixture(scope="module")

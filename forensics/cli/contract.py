@@ -66,7 +66,7 @@ def emit_line(doc: dict) -> None:
 
     if "status" not in doc or "exit" not in doc:
         raise ValueError("a --json line needs 'status' and 'exit'")  # a bug in the command
-    data = encode_json(doc)
+    data = encode_json(doc, indent=0)  # JSON Lines: one document per line
     _state["emitted"] = True
     sys.stdout.buffer.write(data + b"\n") if hasattr(sys.stdout, "buffer") else sys.stdout.write(
         data.decode() + "\n")

@@ -30,6 +30,7 @@ class PieceResult:
     frames: dict[str, pd.DataFrame] = field(default_factory=dict)
     gaps: list[Gap] = field(default_factory=list)
     commands: list[dict[str, Any]] = field(default_factory=list)
+    settings: list[Any] = field(default_factory=list)  # per-engine Settings, for the cross-engine findings
 
     def add(self, name: str, frame: pd.DataFrame | None) -> None:
         if frame is None:
@@ -314,13 +315,33 @@ def _settings(host, engine, state, procs, backend, options, result: PieceResult)
     settings = collect_settings(engine.name, host=host, state=state, pid=None if proc is None else proc.pid,
                                 ppid=None if proc is None else proc.ppid, python=engine.python, backend=backend,
                                 sudo=engine.sudo, timeout=options.command_timeout_s)
+    for info in settings.engines.values():
+        info["role"] = engine.role  # what the cross-engine findings group by (names are free-form)
+    result.settings.append(settings)
     result.commands.extend(settings.commands)
     result.gaps.extend(settings.gaps)
     result.add("settings", settings.to_frame())
-    if settings.findings:
-        result.add("setting_findings", pd.DataFrame([
-            {"engine": f.engine, "id": f.id, "severity": f.severity, "title": f.title,
-             "evidence": "; ".join(f.evidence), "why": f.why, "fix": f.fix} for f in settings.findings]))
+    result.add("setting_findings", findings_frame(settings.findings))
+
+
+def findings_frame(findings) -> pd.DataFrame | None:
+    if not findings:
+        return None
+    return pd.DataFrame([{"engine": f.engine, "id": f.id, "severity": f.severity, "title": f.title,
+                          "evidence": "; ".join(f.evidence), "why": f.why, "fix": f.fix} for f in findings])
+
+
+def cross_engine_findings(parts: list) -> PieceResult:
+    """Findings no single engine shows (NIXL between hosts without UCX_NET_DEVICES)."""
+    from forensics.collectors.settings import combine
+
+    result = PieceResult()
+    if len(parts) < 2:
+        return result
+    single = {(f.engine, f.id) for part in parts for f in part.findings}
+    combined = [f for f in combine(parts).findings if (f.engine, f.id) not in single]
+    result.add("setting_findings", findings_frame(combined))
+    return result
 
 
 def _threads(host, engine, procs, version, backend, options, releases: ReleaseCache, result: PieceResult) -> None:

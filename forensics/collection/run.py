@@ -100,6 +100,7 @@ def collect(target: Any, *, options: CollectOptions | None = None, progress: Pro
     gaps: list[Gap] = []
     commands: list[dict[str, Any]] = []
     frames: dict[str, list[pd.DataFrame]] = {}
+    settings: list = []
     lock = threading.Lock()
     total = len(inventory.engines) + 2  # the engines, plus starting and stopping the samplers
     done = [0]
@@ -110,6 +111,7 @@ def collect(target: Any, *, options: CollectOptions | None = None, progress: Pro
                 frames.setdefault(name, []).append(frame)
             gaps.extend(result.gaps)
             commands.extend(result.commands)
+            settings.extend(result.settings)
             done[0] += 1
             if progress is not None:
                 progress(what, done[0], total)
@@ -131,6 +133,10 @@ def collect(target: Any, *, options: CollectOptions | None = None, progress: Pro
         result = sampling.stop(options)
         keep(result, "probes and metrics stopped")
         inventory.close_hosts()
+    if settings:
+        cross = engine_pieces.cross_engine_findings(settings)
+        for name, frame in cross.frames.items():
+            frames.setdefault(name, []).append(frame)
     if "metrics" in options.pieces and inventory.prometheus:
         # After the sampling: the history then covers the whole collection, up to our last scrape.
         total += 1

@@ -418,7 +418,7 @@ def _multi_node_nixl(settings: Settings) -> list[Finding]:
     hosts = {info.get("host") for info in engines.values() if info.get("host")}
     if len(hosts) < 2 or not any(info.get("backend") == "nixl" for info in engines.values()):
         return []
-    roles = {name.split("-")[0] for name in engines}
+    roles = {info.get("role") or name.split("-")[0] for name, info in engines.items()}
     if not ({"prefill", "decode"} <= roles):
         return []
     found = []
