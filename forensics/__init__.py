@@ -31,6 +31,7 @@ _LAZY_SUBMODULES = {
     "bundle",
     "diagnosis",
     "redact",
+    "storm",  # fx.storm.run_storm(...): a function named like the package would be replaced by it on import
 }
 
 # Public functions, imported lazily from their modules on first access (``fx.diagnose(...)``).

@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from forensics.collection import engine_pieces
-from forensics.collection.run import CollectOptions, _concat, _inventory, engines_frame
+from forensics.collection.run import CollectOptions, _concat, as_inventory, engines_frame
 from forensics.diagnosis import Verdict, decide
 from forensics.evidence import Evidence
 
@@ -49,7 +49,7 @@ class Watcher:
         from forensics.collectors.metrics import MetricsScraper
         from forensics.probes import ProbeRunner
 
-        self.inventory = _inventory(target)
+        self.inventory = as_inventory(target)
         self.settings = settings
         self.options = CollectOptions(command_timeout_s=settings.command_timeout_s, pieces=("processes", "threads"))
         deadlines = dict(DEFAULT_DEADLINES_S, **(settings.deadlines_s or {}))

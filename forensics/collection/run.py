@@ -61,7 +61,7 @@ class CollectOptions:
             raise UsageProblem(f"unknown piece(s) {sorted(unknown)} (known: {', '.join(ALL_PIECES)})")
 
 
-def _inventory(target: Any):
+def as_inventory(target: Any):
     """An inventory from a path, an Inventory, or a twin Deployment."""
     from forensics.inventory import Inventory, load
 
@@ -94,7 +94,7 @@ def collect(target: Any, *, options: CollectOptions | None = None, progress: Pro
     from forensics.logs import timewindow
 
     options = options or CollectOptions(**kwargs)
-    inventory = _inventory(target)
+    inventory = as_inventory(target)
     bounds = timewindow.window(options.since, options.until, None, options.tz)
     started_at = datetime.now(UTC)
     gaps: list[Gap] = []
