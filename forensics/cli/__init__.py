@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "collect": ("forensics.cli.collect_cmd", "Collect live evidence from a deployment into a bundle."),
     "diagnose": ("forensics.cli.diagnose_cmd", "HEALTHY, WEDGED, DEGRADED, DOWN or INCONCLUSIVE, with why."),
     "watch": ("forensics.cli.watch_cmd", "Probe continuously and print every verdict change."),
+    "storm": ("forensics.cli.storm_cmd", "Abort storm: kill clients mid-request, diagnose each cycle."),
 }
 
 
