@@ -106,3 +106,95 @@ def _refused(as_json: bool, message: str, **context) -> None:
     if not as_json:
         click.echo(f"forensics patch: {message}", err=True)
     conclude(as_json, BAD, {"error": message, "kind": "PatchError", **context}, word="fail")
+
+
+# ----------------------------------------------------------------------------- deploy, status, rollback
+
+INVENTORY_HELP = "The deployment's inventory file (a twin's needs no --yes)."
+
+
+def _deploy_progress(as_json: bool):
+    if as_json:
+        return None
+    console = _console(stderr=True)
+
+    def show(step) -> None:
+        colour = "green" if step.state == "ok" else "red"
+        console.print(f"[{colour}]{step.state:>6}[/] {step.engine}: {step.name} ({step.duration_s:.2f}s)")
+
+    return show
+
+
+def _conclude_record(record, as_json: bool) -> None:
+    from forensics.exitcodes import ExitStatus
+
+    def human() -> None:
+        _console().print(record)
+        if record.status in ("planned", "refused"):
+            for engine in record.plan.engines:
+                if engine.diff:
+                    sys.stdout.write(engine.diff)  # verbatim: never wrapped or highlighted
+    if record.exit_status == ExitStatus.ENVIRONMENT and not as_json:
+        human()
+        click.echo(f"forensics: {record.problem}", err=True)
+        sys.exit(int(record.exit_status))
+    details = record.to_dict()
+    word = details.pop("outcome")
+    conclude(as_json, record.exit_status, details, human, word=word)
+
+
+@command.command("deploy")
+@click.option("--inventory", required=True, type=click.Path(dir_okay=False, exists=True), help=INVENTORY_HELP)
+@click.option("--yes", is_flag=True, help="Really deploy to a live deployment. Without it only the plan and diff.")
+@click.option("--force", is_flag=True, help="Deploy over a file that is not the release's own (after its diff).")
+@click.option("--restart", "restart_patched", is_flag=True,
+              help="Restart already-patched engines too (a deploy stopped between write and restart).")
+@click.option("--liveness-deadline", type=float, default=600.0, show_default=True,
+              help="Seconds after the restart within which a real one-token request must answer.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+def deploy_command(inventory: str, yes: bool, force: bool, restart_patched: bool, liveness_deadline: float,
+                   as_json: bool) -> None:
+    """Patch every prefill engine's nixl/conn.py: plan and diff; with --yes backup, atomic write,
+    compile check, bytecode cleared, restart, LIVENESS.
+
+    Exit 0 deployed (or already patched, or plan shown), 1 refused (a fork without --force,
+    the codemod refuses) or not live after the restart, 4 a step failed on the host.
+    """
+    from patched_engine.deploy import deploy
+
+    record = deploy(inventory, yes=yes, force=force, restart=restart_patched, liveness_deadline_s=liveness_deadline,
+                    on_step=_deploy_progress(as_json))
+    _conclude_record(record, as_json)
+
+
+@command.command("status")
+@click.option("--inventory", required=True, type=click.Path(dir_okay=False, exists=True), help=INVENTORY_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+def status_command(inventory: str, as_json: bool) -> None:
+    """Per prefill engine: original, patched (which patch id) or unknown.
+
+    Exit 0 when every prefill engine is patched, 1 when any is original or unknown, 3 when
+    some engine's file (or its release's wheel) could not be read.
+    """
+    from patched_engine.deploy import status
+
+    report = status(inventory)
+    conclude(as_json, report.exit_status, report.to_dict(), lambda: _console().print(report), word=report.word)
+
+
+@command.command("rollback")
+@click.option("--inventory", required=True, type=click.Path(dir_okay=False, exists=True), help=INVENTORY_HELP)
+@click.option("--yes", is_flag=True, help="Really roll back a live deployment. Without it only the plan.")
+@click.option("--liveness-deadline", type=float, default=600.0, show_default=True,
+              help="Seconds after the restart within which a real one-token request must answer.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+def rollback_command(inventory: str, yes: bool, liveness_deadline: float, as_json: bool) -> None:
+    """Put each prefill's newest backup back byte for byte (sha256 checked), restart, LIVENESS.
+
+    Exit 0 rolled back (or nothing to roll back, or plan shown), 1 refused (no backup) or not
+    live after the restart, 4 a step failed on the host.
+    """
+    from patched_engine.deploy import rollback
+
+    record = rollback(inventory, yes=yes, liveness_deadline_s=liveness_deadline, on_step=_deploy_progress(as_json))
+    _conclude_record(record, as_json)
