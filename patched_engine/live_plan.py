@@ -62,7 +62,7 @@ def pycache_files(engine) -> list[str]:
 
 def _collect(engine, host: str) -> list[PlannedCommand]:
     """What ``forensics collect`` runs on the engine's host (forensics.collection.engine_pieces)."""
-    from forensics.collectors.processes import _SCRIPT as PROCESS_SCRIPT
+    from forensics.collectors.processes import LOOKUP_SCRIPT as PROCESS_SCRIPT
     from forensics.collectors.processes import ProcessSelector
     from forensics.logs.remote import journalctl_argv
     from forensics.threads.dump import py_spy_argv
@@ -73,8 +73,9 @@ def _collect(engine, host: str) -> list[PlannedCommand]:
     if chosen is not None:
         selector = ProcessSelector(title=chosen.title, cmdline=chosen.cmdline, pid_file=chosen.pid_file)
         out.append(PlannedCommand("collect", engine.name, host,
-                                  (*sudo, "python3", "-c", PROCESS_SCRIPT, selector._hex()),
-                                  "find the engine's processes (/proc: pid, start time, title, command line)"))
+                                  ("python3", "-c", PROCESS_SCRIPT, selector._hex()),
+                                  "find the engine's processes (/proc: pid, start time, title, command line; "
+                                  "never through sudo)"))
     if engine.role in ("prefill", "decode"):
         out.append(PlannedCommand("collect", engine.name, host, (*sudo, "cat", f"/proc/{PLACEHOLDER_PID}/environ"),
                                   "the engine's settings from its environment (secrets redacted before storing)"))

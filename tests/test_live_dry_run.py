@@ -38,7 +38,7 @@ def _lines(phase: str) -> list[tuple[str, str, list[str]]]:
 
 
 def test_collect_finds_processes_reads_environ_dumps_threads_and_journals_through_sudo():
-    from forensics.collectors.processes import _SCRIPT as PROCESS_SCRIPT
+    from forensics.collectors.processes import LOOKUP_SCRIPT as PROCESS_SCRIPT
 
     py_spy = "/opt/sglang/.venv/bin/py-spy"
 
@@ -49,13 +49,13 @@ def test_collect_finds_processes_reads_environ_dumps_threads_and_journals_throug
     assert [(engine, host) for engine, host, _ in lines] == [
         ("prefill-0", "prefill-node")] * 4 + [("decode-0", "decode-node")] * 4 + [("router", "decode-node")] * 2
     argvs = [argv for _, _, argv in lines]
-    assert [argv[:5] for argv in argvs[0::4][:2]] == [[*SUDO, "python3", "-c"]] * 2
+    assert [argv[:2] for argv in argvs[0::4][:2]] == [["python3", "-c"]] * 2  # the lookup never uses sudo
     assert argvs[1:4] == [[*SUDO, "cat", "/proc/PID/environ"], [*SUDO, py_spy, "dump", "--json", "--pid", "PID"],
                           journal("sglang-prefill.service")]
     assert argvs[5:8] == [[*SUDO, "cat", "/proc/PID/environ"], [*SUDO, py_spy, "dump", "--json", "--pid", "PID"],
                           journal("sglang-decode.service")]
-    assert argvs[8][:5] == [*SUDO, "python3", "-c"] and argvs[9] == journal("sglang-router.service")
-    assert {argv[5] for argv in (argvs[0], argvs[4], argvs[8])} == {PROCESS_SCRIPT}
+    assert argvs[8][:2] == ["python3", "-c"] and argvs[9] == journal("sglang-router.service")
+    assert {argv[2] for argv in (argvs[0], argvs[4], argvs[8])} == {PROCESS_SCRIPT}
 
 
 def _write(source: str, dest: str, mode: str) -> list[list[str]]:

@@ -245,8 +245,11 @@ def _processes(host, engine, options, result: PieceResult) -> list:
 
     chosen = engine.selector
     selector = ProcessSelector(title=chosen.title, cmdline=chosen.cmdline, pid_file=chosen.pid_file)
+    # Never through sudo: /proc's stat and cmdline are world-readable, and a sudoers rule cannot
+    # name "python3 -c SCRIPT" without granting a root shell (docs/LIVE.md). A root-only pid
+    # file is then a gap naming it, never "no process".
     scan = find_processes(host, selector, python=_host_python(engine), timeout=options.command_timeout_s,
-                          sudo=engine.sudo, target=engine.label)
+                          sudo=False, target=engine.label)
     result.commands.extend(scan.commands)
     frame = scan.to_frame()
     frame.insert(0, "engine", pd.array([engine.name] * len(frame), dtype="string"))

@@ -58,7 +58,7 @@ MAX_BYTES = 32 * 1024 * 1024
 
 # The fixed program run on the host. argv[1] is the selector as hex JSON. It prints one JSON
 # document: boot time, clock ticks per second, its own pid, the matching processes, errors.
-_SCRIPT = r"""
+LOOKUP_SCRIPT = r"""
 import json, os, sys
 sel = json.loads(bytes.fromhex(sys.argv[1]).decode())
 out = {"clk_tck": os.sysconf("SC_CLK_TCK"), "self": os.getpid(), "procs": [], "errors": []}
@@ -316,9 +316,9 @@ def find_processes(
     """
     target = target or host.name
     scan = ProcessScan(host.name, selector)
-    result = host.run([python, "-c", _SCRIPT, selector._hex()], timeout=timeout, sudo=sudo, max_bytes=MAX_BYTES)
+    result = host.run([python, "-c", LOOKUP_SCRIPT, selector._hex()], timeout=timeout, sudo=sudo, max_bytes=MAX_BYTES)
     record = command_record(result)
-    record["argv"][2] = f"<process lookup script, {len(_SCRIPT)} characters>"
+    record["argv"][2] = f"<process lookup script, {len(LOOKUP_SCRIPT)} characters>"
     scan.commands.append(record)
     doc: dict[str, Any] = {}
     if result.ok and not result.truncated:
@@ -355,7 +355,8 @@ def find_processes(
         # different: engines remove theirs when they stop).
         scan.gaps.append(Gap("processes", target, f"cannot read the pid file {selector.pid_file} on {host.name} "
                              f"({unreadable}): cannot tell whether the engine runs",
-                             fix="sudo = true for this host, or make the pid file readable"))
+                             fix="make the pid file readable by the login user (as pid files under /run are); "
+                                 "the process lookup never runs through sudo (docs/LIVE.md)"))
         return scan
     if not scan.processes:
         where = f"no process matching {selector.describe()} on {host.name}"
