@@ -39,6 +39,7 @@ _LAZY_FUNCTIONS = {
     "collect": ("forensics.collection", "collect"),
     "diagnose": ("forensics.diagnosis.entry", "diagnose"),
     "watch": ("forensics.watching", "watch"),
+    "validate": ("forensics.validation", "validate"),
 }
 
 if TYPE_CHECKING:  # pragma: no cover

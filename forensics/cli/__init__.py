@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "diagnose": ("forensics.cli.diagnose_cmd", "HEALTHY, WEDGED, DEGRADED, DOWN or INCONCLUSIVE, with why."),
     "watch": ("forensics.cli.watch_cmd", "Probe continuously and print every verdict change."),
     "storm": ("forensics.cli.storm_cmd", "Abort storm: kill clients mid-request, diagnose each cycle."),
+    "validate": ("forensics.cli.validate_cmd", "Validation campaign: storm cycles and checks, PASS or not."),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import click
 
@@ -35,3 +36,44 @@ sample_option = click.option(
 since_option = click.option("--since", default="30m", show_default=True,
                             help="start of the log window: a time, @epoch, or a duration before now")
 json_option = click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+
+
+def seconds_or_zero(ctx, param, value):
+    """Like :func:`positive_seconds`, but 0 (0s) is allowed."""
+    if value is not None and str(value).strip() in ("0", "0s", "0.0"):
+        return 0.0
+    return positive_seconds(ctx, param, value)
+
+
+class StormDisplay:
+    """The storm's progress: a rich live line on stderr, in a terminal only (never under --json or in a pipe)."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.live = None
+        if as_json or not sys.stderr.isatty():
+            return
+        from rich.console import Console
+        from rich.live import Live
+
+        self.live = Live(console=Console(stderr=True), transient=True, refresh_per_second=8)
+
+    def __enter__(self):
+        if self.live is not None:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def update(self, info: dict) -> None:
+        if self.live is None:
+            return
+        from rich.text import Text
+
+        parts = [f"cycle {info.get('cycle')}", str(info.get("stage", ""))]
+        if "open" in info:
+            parts.append(f"{info['sessions']} sessions: {info['open']} open ({info['waiting']} waiting, "
+                         f"{info['streaming']} streaming), {info['killed']} killed, {info['ok']} ok, "
+                         f"{info['fail']} failed")
+        self.live.update(Text(" | ".join(parts)))

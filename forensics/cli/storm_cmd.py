@@ -2,72 +2,30 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from forensics.cli.contract import conclude
-from forensics.cli.live_options import json_option, positive_seconds
-
-
-def _seconds_or_zero(ctx, param, value):
-    if value is not None and str(value).strip() in ("0", "0s", "0.0"):
-        return 0.0
-    return positive_seconds(ctx, param, value)
-
-
-class _Display:
-    """A rich live line on stderr, in a terminal only (never under --json, never in a pipe)."""
-
-    def __init__(self, as_json: bool) -> None:
-        self.live = None
-        if as_json or not sys.stderr.isatty():
-            return
-        from rich.console import Console
-        from rich.live import Live
-
-        self.live = Live(console=Console(stderr=True), transient=True, refresh_per_second=8)
-
-    def __enter__(self):
-        if self.live is not None:
-            self.live.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.live is not None:
-            self.live.stop()
-
-    def update(self, info: dict) -> None:
-        if self.live is None:
-            return
-        from rich.text import Text
-
-        parts = [f"cycle {info.get('cycle')}", str(info.get("stage", ""))]
-        if "open" in info:
-            parts.append(f"{info['sessions']} sessions: {info['open']} open ({info['waiting']} waiting, "
-                         f"{info['streaming']} streaming), {info['killed']} killed, {info['ok']} ok, "
-                         f"{info['fail']} failed")
-        self.live.update(Text(" | ".join(parts)))
+from forensics.cli.live_options import StormDisplay, json_option, positive_seconds, seconds_or_zero
 
 
 @click.command(name="storm")
 @click.option("--inventory", "inventory", type=click.Path(dir_okay=False), required=True,
               help="the deployment's inventory file (a twin's is printed by 'twin up')")
 @click.option("--sessions", default=60, show_default=True, type=click.IntRange(min=1), help="concurrent sessions per cycle")
-@click.option("--kill-after", default="20s", show_default=True, callback=_seconds_or_zero,
+@click.option("--kill-after", default="20s", show_default=True, callback=seconds_or_zero,
               help="when the nemesis strikes, after each wave starts (0 = as soon as the requests are out)")
 @click.option("--cycles", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--phase", type=click.Choice(["bootstrap", "kv", "stream", "any"]), default="any", show_default=True,
               help="which sessions the nemesis kills: still waiting (bootstrap, kv), streaming, or any open one")
 @click.option("--waves", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option("--wave-interval", default="1s", show_default=True, callback=_seconds_or_zero)
+@click.option("--wave-interval", default="1s", show_default=True, callback=seconds_or_zero)
 @click.option("--prompt-tokens", default=3000, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--mode", type=click.Choice(["rst", "sigkill"]), default="rst", show_default=True,
               help="reset the sockets in-process (RST), or SIGKILL separate client processes")
 @click.option("--session-timeout", default=None, callback=positive_seconds,
               help="a stream not ended by then is 'info' (default: kill-after + 30s)")
-@click.option("--settle", default="3s", show_default=True, callback=_seconds_or_zero,
+@click.option("--settle", default="3s", show_default=True, callback=seconds_or_zero,
               help="wait after the strike before checking (sglang aborts a stream ~2 s after the close)")
 @click.option("--sample", "sample_s", default="8s", show_default=True, callback=positive_seconds,
               help="how long the check's probes and metrics sample")
@@ -99,7 +57,7 @@ def command(inventory, sessions, kill_after, cycles, phase, waves, wave_interval
 
         conclude(as_json, ExitStatus.INCONCLUSIVE, {"plan": plan.to_dict(), "plan_text": plan.lines(),
                                                     "refused": str(refusal)}, show_plan, word="planned")
-    with _Display(as_json) as display:
+    with StormDisplay(as_json) as display:
         result = run_storm(inventory, yes=yes, progress=display.update, **options)
 
     def human() -> None:
