@@ -181,6 +181,10 @@ class _Start:
     started: str
 
 
+def _is_self_attribute(expr: ast.expr) -> bool:
+    return isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self"
+
+
 def _logical_name(target: str) -> str:
     """A role-free word for a thread kind, from its target: bootstrap_thread_guarded -> bootstrap."""
     base = target.strip("_")
@@ -435,20 +439,23 @@ class _Deriver:
         if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
             value = self._truth(expr.operand, function, parsed, depth + 1)
             return UNKNOWN if value is UNKNOWN else not value
-        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
-            for value, method, file in self.self_assignments.get(expr.attr, []):
-                found = self._value(value, method, file, depth + 1)
-                if found is not UNKNOWN:
-                    return found
-            return UNKNOWN
-        if isinstance(expr, ast.Name):
-            for node in ast.walk(function):
-                if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == expr.id
-                                                        for t in node.targets):
-                    found = self._value(node.value, function, parsed, depth + 1)
-                    if found is not UNKNOWN:
-                        return found
-            return UNKNOWN
+        if _is_self_attribute(expr) or isinstance(expr, ast.Name):
+            return self._through_assignments(expr, function, parsed, depth, self._value)
+        return UNKNOWN
+
+    def _through_assignments(self, expr: ast.expr, function: ast.FunctionDef, parsed: ParsedFile, depth: int,
+                             evaluate) -> object:
+        """``evaluate`` on what ``self.x`` (any method's assignment) or a local name was assigned."""
+        if _is_self_attribute(expr):
+            assigned = self.self_assignments.get(expr.attr, [])
+        else:
+            assigned = [(node.value, function, parsed) for node in ast.walk(function)
+                        if isinstance(node, ast.Assign)
+                        and any(isinstance(t, ast.Name) and t.id == expr.id for t in node.targets)]
+        for value, method, file in assigned:
+            found = evaluate(value, method, file, depth + 1)
+            if found is not UNKNOWN:
+                return found
         return UNKNOWN
 
     def _truth(self, expr: ast.expr, function: ast.FunctionDef, parsed: ParsedFile, depth: int = 0) -> object:
@@ -473,19 +480,8 @@ class _Deriver:
             return UNKNOWN
         if isinstance(expr, ast.ListComp) and len(expr.generators) == 1 and not expr.generators[0].ifs:
             return self._length(expr.generators[0].iter, function, parsed, depth + 1)
-        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
-            for value, method, file in self.self_assignments.get(expr.attr, []):
-                found = self._length(value, method, file, depth + 1)
-                if found is not UNKNOWN:
-                    return found
-            return UNKNOWN
-        if isinstance(expr, ast.Name):
-            for node in ast.walk(function):
-                if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == expr.id
-                                                        for t in node.targets):
-                    found = self._length(node.value, function, parsed, depth + 1)
-                    if found is not UNKNOWN:
-                        return found
+        if _is_self_attribute(expr) or isinstance(expr, ast.Name):
+            return self._through_assignments(expr, function, parsed, depth, self._length)
         return UNKNOWN
 
     # ------------------------------------------------------------------ rows
