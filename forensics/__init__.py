@@ -31,6 +31,8 @@ _LAZY_SUBMODULES = {
     "bundle",
     "diagnosis",
     "redact",
+    "patch",  # fx.patch.diff/apply/verify/deploy/status/rollback: facade over patched_engine
+    "report",
     "storm",  # fx.storm.run_storm(...): a function named like the package would be replaced by it on import
 }
 
@@ -40,6 +42,7 @@ _LAZY_FUNCTIONS = {
     "diagnose": ("forensics.diagnosis.entry", "diagnose"),
     "watch": ("forensics.watching", "watch"),
     "validate": ("forensics.validation", "validate"),
+    "Investigation": ("forensics.report", "Investigation"),
 }
 
 if TYPE_CHECKING:  # pragma: no cover
