@@ -272,6 +272,10 @@ class EngineSandbox:
         """KVPoll ints per room: Failed 0, Bootstrapping 1, WaitingForInput 2, Transferring 3, Success 4."""
         return self.state()["rooms"]
 
+    def room_state_names(self) -> dict[int, str]:
+        """KVPoll names per room: ``sb.room_state_names()`` -> ``{1: "WaitingForInput", 2: "Bootstrapping"}``."""
+        return {room: KVPOLL_NAMES.get(value, str(value)) for room, value in self.room_states().items()}
+
     def thread_alive(self) -> bool:
         """Whether the bootstrap thread is alive (after close: whether it was alive at teardown)."""
         return self.state()["alive"]
