@@ -100,19 +100,10 @@ def matrix_command(lower, upper, workers, no_cache, as_json, png):
 
         result = matrix(releases, workers=workers, use_cache=not no_cache, progress=advance)
     def human() -> None:
-        from rich.table import Table
-
-        table = Table(title=f"sglang {lower} .. {upper}: receiver loops per release")
-        columns = ["release", "backend", "decode_sends_abort", "abort_fate", "dies_on_unknown", "daemon",
-                   "wrapper", "bootstrap_timeout", "killing_tags"]
-        for column in columns:
-            table.add_column(column)
-        for record in result.frame.to_dict(orient="records"):
-            style = "red" if record["killing_tags"] else None
-            table.add_row(*(str(record[c]) for c in columns), style=style)
+        # Verdict and the NIXL window first, then one line per release (names whole at any width);
+        # every column of every row is in --json.
         console = _console()
-        console.print(table)
-        console.print(f"NIXL prefill killed by the decode's ABORT: {result.window_text('nixl')}")
+        console.print(result)
         if png:
             console.print(f"heatmap saved to {png}")
 

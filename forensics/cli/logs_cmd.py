@@ -10,8 +10,7 @@ import click
 from forensics.cli.contract import conclude, fail_after_output
 from forensics.exitcodes import EnvironmentProblem, environment_problem_from_os_error
 
-TABLE_COLUMNS = ["ts", "role", "host", "severity", "signature", "room", "thread", "message", "source", "line"]
-WIDE_TERMINAL = 160  # narrower terminals get one heading line per event and its message below
+EVENTS_SHOWN = 200  # events printed in the terminal; --json and --csv hold every one
 JSON_EVENT_COLUMNS = ["ts", "ts_source", "ts_upper", "host", "role", "unit", "source", "line", "signature",
                       "severity", "step", "room", "rid", "rank", "thread", "message"]
 
@@ -129,40 +128,30 @@ def _write_csv(events, csv_path: str) -> None:
 
 
 def _print_human(result, assessment, events) -> None:
+    """The verdict first (with its evidence), then the summary, one line per event, the sources."""
     from rich import box
-    from rich.padding import Padding
     from rich.table import Table
     from rich.text import Text
 
     from forensics.cli.render import console
+    from forensics.logs.timeline import event_line, event_widths
 
     out = console()
+    out.print(assessment)
     out.print(result.summary().__rich__())
     style = {"critical": "bold red", "error": "red", "warning": "yellow"}
-    title = f"Events ({len(events)} shown of {len(result.events)})"
-    if out.width >= WIDE_TERMINAL:
-        table = Table(title=title, show_lines=False)
-        for column in TABLE_COLUMNS:
-            table.add_column(column, overflow="fold", no_wrap=column in ("room", "line"),
-                             max_width=70 if column == "message" else None)
-        for row in events.head(200).itertuples(index=False):
-            table.add_row(*(Text(_cell(row, column)) for column in TABLE_COLUMNS), style=style.get(row.severity))
-        out.print(table)
-    else:
-        # A narrow terminal (80 columns): one heading line per event, its message indented
-        # below, cut to two lines; severity is the colour. --json/--csv hold everything.
-        out.print(Text(title, style="bold"))
-        for row in events.head(200).itertuples(index=False):
-            room = _cell(row, "room")
-            heading = (f"{_cell(row, 'ts')[11:19] or '--:--:--'} {_cell(row, 'role'):<7} "
-                       f"{_cell(row, 'signature')} {Path(str(row.source)).name}:{row.line}")
-            limit = 2 * (out.width - 4)
-            message = (f"room {room}: " if room else "") + _cell(row, "message")
-            message = message if len(message) <= limit else message[: limit - 1] + "…"
-            out.print(Text(heading, style=style.get(row.severity)))
-            out.print(Padding(Text(message, style="dim"), (0, 0, 0, 4)))
-    if len(events) > 200:
-        out.print(f"... {len(events) - 200} more events (use --json or --csv for all)")
+    out.print(Text(f"Events ({len(events)} shown of {len(result.events)}; whole messages: --json)", style="bold"))
+    # One line per event at any width: the room whole (an exact 64-bit id), the message cut
+    # with an ellipsis to what is left of the line.
+    shown = events.head(EVENTS_SHOWN)
+    rooms = [_cell(row, "room") for row in shown.itertuples(index=False)]
+    widths = event_widths(shown["signature"].astype("string").fillna(""), rooms)
+    for row, room in zip(shown.itertuples(index=False), rooms, strict=True):
+        line = event_line(_cell(row, "ts")[11:19], _cell(row, "role"), _cell(row, "signature"), room,
+                          _cell(row, "message"), out.width, widths)
+        out.print(Text(line, style=style.get(row.severity, ""), no_wrap=True, overflow="ignore"))
+    if len(events) > EVENTS_SHOWN:
+        out.print(f"... {len(events) - EVENTS_SHOWN} more events (use --json or --csv for all)")
     sources = Table(title="Sources", show_lines=False, box=box.SIMPLE_HEAD)
     # "sglang": lines recognised as sglang's, uvicorn's or CPython's; "unknown": in no known format
     for column in ("source", "format", "role", "lines", "sglang", "unknown", "events", "batches"):
@@ -178,7 +167,6 @@ def _print_human(result, assessment, events) -> None:
         out.print(Text(f"note: {note}", style="dim"))
     for problem in result.problems:
         out.print(Text(f"problem: {problem}", style="yellow"))
-    out.print(assessment)
 
 
 def _cell(row, column: str) -> str:

@@ -98,7 +98,53 @@ def verify_command(spec: str, nixl: bool, as_json: bool) -> None:
     details = result.to_dict()
     word = details.pop("status")
     details.pop("exit")
-    conclude(as_json, result.exit_status, details, lambda: _console().print(result), word=word)
+    conclude(as_json, result.exit_status, details, lambda: _console().print(_verify_renderable(result)), word=word)
+
+
+def _verify_renderable(result):
+    """The verdict first, then the proof, sized for an 80-column terminal: per scenario step the
+    thread and the room states of both runs (the patched run's room states are the proof, so they
+    are never cut: every column but "raised" is fixed and narrow), then the checks and runs."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from patched_engine.verify import KVPOLL_NAMES, ROOMS, SCENARIO
+
+    def letters(states: dict) -> str:
+        return " ".join("-" if states.get(r) is None else KVPOLL_NAMES.get(states.get(r), "?")[0] for r in ROOMS)
+
+    style = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}.get(result.verdict, "bold")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title_justify="left",
+                  title=f"sglang {result.release}: bootstrap loop, unpatched vs patched")
+    table.add_column("step", no_wrap=True)
+    for kind in ("unpatched", "patched"):
+        table.add_column(f"{kind}\nthread rooms 1-4", no_wrap=True, min_width=16)
+    table.add_column("raised", overflow="fold", ratio=1)
+    steps = {run.kind: {s.name: s for s in run.steps} for run in (result.unpatched, result.patched)}
+    for scenario_step in SCENARIO:
+        cells, raised = [scenario_step.name], []
+        for kind in ("unpatched", "patched"):
+            step = steps[kind].get(scenario_step.name)
+            if step is None:
+                cells.append(Text("not run", style="dim"))
+                continue
+            cell = Text("alive " if step.thread_alive else "DEAD  ", style="green" if step.thread_alive else "red")
+            cell.append(f" {letters(step.room_states)}")
+            cells.append(cell)
+            raised += [f"{kind[0]}: {e.get('exc_type') or e.get('type') or 'Exception'}" for e in step.exceptions]
+        table.add_row(*cells, ", ".join(raised))
+    parts = [Text(result.headline(), style=style)]
+    parts += [Text(f"  {line}") for line in result.agent_lines()]
+    if result.unpatched.started or result.patched.started:
+        parts.append(table)
+        parts.append(Text("rooms: B Bootstrapping, W WaitingForInput, F Failed, T Transferring, S Success, "
+                          "- absent; raised: u unpatched, p patched", style="dim"))
+    parts += [Text(f"  {'ok ' if c.ok else 'BAD'} {c.name}: {c.detail}") for c in result.checks]
+    parts += [Text(f"  {line}") for line in result.run_lines()]
+    parts += [Text(f"  reason: {r}") for r in result.reasons]
+    return Group(*parts)
 
 
 def _refused(as_json: bool, message: str, **context) -> None:

@@ -71,23 +71,15 @@ def status(inventory, as_json) -> None:
     from forensics.twin import api
 
     report = api.attach(inventory).status()
-    roles = report["roles"]
-    healthy = all(r["alive"] and r["answering"] for r in roles.values()) and roles["prefill"].get(
-        "bootstrap_thread_alive") is True
-    report["healthy"] = healthy
+    healthy = report.healthy
+    document = dict(report.to_dict(), healthy=healthy)
 
     def human() -> None:
-        from rich.table import Table
+        # The verdict line first (healthy, or what is wrong), then per role: pid, URL, alive,
+        # answering, bootstrap thread alive or DEAD, queue gauges.
+        _print(report)
 
-        table = Table(title=f"twin {report['sglang']}{' (patched)' if report['patched'] else ''}")
-        for column in ("role", "pid", "alive", "answering", "bootstrap thread"):
-            table.add_column(column)
-        for role, entry in roles.items():
-            table.add_row(role, str(entry["pid"]), str(entry["alive"]), str(entry["answering"]),
-                          str(entry.get("bootstrap_thread_alive", "")))
-        _print(table)
-
-    conclude(as_json, GOOD if healthy else BAD, report, human, word="healthy" if healthy else "unhealthy")
+    conclude(as_json, GOOD if healthy else BAD, document, human, word="healthy" if healthy else "unhealthy")
 
 
 @command.command()

@@ -156,6 +156,15 @@ class HandlerMatrix:
             },
         }
 
+    def _repr_html_(self) -> str:
+        """A compact heatmap table: one row per release, per backend what the decode's ABORT and an
+        unknown frame do to the prefill loop and which sent tags kill a loop; a legend; the verdict
+        and the NIXL window first. Release names are never wrapped or cut."""
+        return matrix_html(self)
+
+    def __rich__(self):
+        return matrix_renderable(self)
+
     def plot(self, ax=None, backends: Iterable[str] | None = None):
         """Heatmap: releases down, (backend, property) across; red where the loop is exposed."""
         import matplotlib.pyplot as plt
@@ -217,6 +226,165 @@ class HandlerMatrix:
         ax.set_title(title, fontsize=9)
         ax.figure.tight_layout()
         return ax
+
+
+# Outcome -> (cell colour, legend word); the heatmap's colours, so the table and plot agree.
+OUTCOME_COLOURS = {
+    "handled": ("#7cc48a", "handled / survives"),
+    "dies": ("#e06666", "thread dies"),
+    "dropped": ("#f6b26b", "dropped (logged or silent)"),
+    "not sent": ("#9ab7de", "decode does not send ABORT"),
+    "unknown": ("#eeeeee", "not read or not understood (?)"),
+    "absent": ("#ffffff", "backend not in this release"),
+}
+MATRIX_BACKENDS = ("nixl", "mooncake", "mori", "ascend")
+
+
+def _missing(value) -> bool:
+    """None or NaN: what a frame holds where the analysis could not vouch for a value."""
+    return value is None or (isinstance(value, float) and value != value)
+
+
+def _abort_outcome(row: dict) -> str:
+    if not row.get("understood", True) or row.get("abort_fate") in (NOT_READ, NOT_UNDERSTOOD):
+        return "unknown"
+    if not row.get("decode_sends_abort"):
+        return "not sent"
+    if _missing(row.get("abort_kills")) and _missing(row.get("abort_fate")):
+        return "unknown"
+    kills = row.get("abort_kills")
+    if (not _missing(kills) and bool(kills)) or row.get("abort_fate") == DIES:
+        return "dies"
+    if row.get("abort_fate") == HANDLED or row.get("handles_abort"):
+        return "handled"
+    return "dropped"
+
+
+def _unknown_frame_outcome(row: dict) -> str:
+    value = row.get("dies_on_unknown")
+    if _missing(value) or not row.get("understood", True):
+        return "unknown"
+    return "dies" if value else "handled"
+
+
+def _killing_outcome(row: dict) -> str:
+    value = row.get("killing_tags")
+    if _missing(value) or not row.get("understood", True):
+        return "unknown"
+    return "dies" if value else "handled"
+
+
+MATRIX_CELLS = (
+    ("ABORT", "the decode's ABORT at the prefill loop", _abort_outcome,
+     lambda r: "" if _missing(r.get("abort_fate")) else str(r.get("abort_fate"))),
+    ("unknown", "an unknown frame at the prefill loop", _unknown_frame_outcome, lambda r: ""),
+    ("kills", "tags its own side sends that kill a loop", _killing_outcome,
+     lambda r: "" if _missing(r.get("killing_tags")) else str(r.get("killing_tags"))),
+)
+
+
+def _matrix_layout(result: HandlerMatrix):
+    frame = result.frame
+    present = set(frame["backend"])
+    backends = [b for b in MATRIX_BACKENDS if b in present] + sorted(present - set(MATRIX_BACKENDS))
+    rows: dict[str, dict[str, dict]] = {}
+    for record in frame.to_dict(orient="records"):
+        rows.setdefault(record["release"], {})[record["backend"]] = record
+    releases = sorted(rows, key=Version)
+    return backends, releases, rows
+
+
+def matrix_html(result: HandlerMatrix) -> str:
+    import html
+
+    backends, releases, rows = _matrix_layout(result)
+    left = "text-align:left;white-space:nowrap"
+    cell = "width:1.6em;height:1.1em;padding:0 2px;border:1px solid #fff;text-align:center;font-size:10px"
+    verdict_colour = "#b06000" if result.verdict == INCONCLUSIVE else "#188038"
+    out = [
+        f"<div class='pd-release-matrix' style='text-align:left'>"
+        f"<p><b style='color:{verdict_colour}'>release matrix: {html.escape(result.verdict)}</b> "
+        f"({len(releases)} releases x {len(backends)} backends)<br>"
+        f"NIXL prefill killed by the decode's own ABORT: <b>{html.escape(result.window_text('nixl'))}</b></p>",
+        "<table style='border-collapse:collapse;font-size:11px'>",
+        f"<tr><th style='{left}'></th>"
+        + "".join(f"<th colspan='{len(MATRIX_CELLS)}' style='text-align:center;border-left:2px solid #333'>"
+                  f"{html.escape(b)}</th>" for b in backends) + "</tr>",
+        f"<tr><th style='{left}'>release</th>"
+        + "".join(f"<th style='text-align:center;font-weight:normal;font-size:9px"
+                  f"{';border-left:2px solid #333' if i == 0 else ''}' title='{html.escape(title)}'>"
+                  f"{html.escape(short)}</th>"
+                  for _ in backends for i, (short, title, _f, _d) in enumerate(MATRIX_CELLS)) + "</tr>",
+    ]
+    for release in releases:
+        out.append(f"<tr><td style='{left};font-family:monospace;padding-right:8px'>{html.escape(release)}</td>")
+        for backend in backends:
+            record = rows[release].get(backend)
+            for index, (_short, title, outcome_of, detail_of) in enumerate(MATRIX_CELLS):
+                outcome = outcome_of(record) if record is not None else "absent"
+                colour, word = OUTCOME_COLOURS[outcome]
+                mark = "?" if outcome == "unknown" else ""
+                tip = f"{release} {backend} {title}: {word}"
+                if record is not None and detail_of(record):
+                    tip += f" ({detail_of(record)})"
+                if record is not None and record.get("unreadable"):
+                    tip += f"; not read: {record['unreadable']}"
+                edge = ";border-left:2px solid #333" if index == 0 else ""
+                out.append(f"<td style='{cell};background:{colour}{edge}' title='{html.escape(tip, quote=True)}'>"
+                           f"{mark}</td>")
+        out.append("</tr>")
+    out.append("</table><p style='text-align:left;font-size:11px'>")
+    out.append(" ".join(
+        f"<span style='display:inline-block;width:1em;height:1em;background:{colour};border:1px solid #999;"
+        f"vertical-align:middle'></span> {html.escape(word)}&nbsp;&nbsp;"
+        for colour, word in OUTCOME_COLOURS.values()))
+    out.append("<br>columns: " + "; ".join(f"<b>{html.escape(s)}</b>: {html.escape(t)}"
+                                           for s, t, _f, _d in MATRIX_CELLS))
+    out.append(". The full frame: <code>.frame</code>.</p></div>")
+    return "".join(out)
+
+
+MATRIX_SYMBOLS = {"handled": ("ok", "green"), "dies": ("DIES", "bold red"), "dropped": ("drop", "yellow"),
+                  "not sent": ("-", "blue"), "unknown": ("?", "bold magenta"), "absent": ("", "")}
+
+
+def matrix_renderable(result: HandlerMatrix):
+    """The terminal's matrix: verdict and NIXL window first, then one line per release with the
+    release name whole (never cut), per backend ABORT / unknown-frame outcomes and killing tags."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    backends, releases, rows = _matrix_layout(result)
+    style = "bold yellow" if result.verdict == INCONCLUSIVE else "bold green"
+    verdict = Text(f"release matrix: {result.verdict} ({len(releases)} releases x {len(backends)} backends)",
+                   style=style)
+    window = Text(f"NIXL prefill killed by the decode's own ABORT: {result.window_text('nixl')}", style="bold")
+    table = Table(box=None, pad_edge=False, padding=(0, 1), header_style="bold")
+    table.add_column("release", no_wrap=True, min_width=max((len(r) for r in releases), default=7))
+    for backend in backends:
+        table.add_column(f"{backend}\nABORT/unk", no_wrap=True)
+    for release in releases:
+        cells = []
+        for backend in backends:
+            record = rows[release].get(backend)
+            if record is None:
+                cells.append(Text(""))
+                continue
+            text = Text()
+            for outcome in (_abort_outcome(record), _unknown_frame_outcome(record)):
+                symbol, colour = MATRIX_SYMBOLS[outcome]
+                if len(text):
+                    text.append("/")
+                text.append(symbol, style=colour)
+            cells.append(text)
+        table.add_row(release, *cells)
+    legend = Text("ABORT: what the decode's ABORT does to the prefill loop (-: not sent); unk: an unknown "
+                  "frame; ok / drop / DIES / ?: not read. Every column: --json.", style="dim")
+    unread = Text()
+    for record in result.unreadable_rows().to_dict(orient="records"):
+        unread.append(f"? {record['release']} {record['backend']}: {record['unreadable']}\n", style="yellow")
+    return Group(verdict, window, table, legend, unread)
 
 
 def matrix(

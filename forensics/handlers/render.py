@@ -104,7 +104,7 @@ def diff_renderable(diff):
             if cell.source:
                 parts.append(Syntax(_excerpt(cell.source, 10), "python", word_wrap=True, theme="ansi_dark"))
             cells.append(Group(*parts))
-        label = Text(f"{row.role}\n{row.tag}", style="bold red" if row.gap else "bold")
+        label = Text(f"{row.role}\n{row.tag}" + ("\nGAP" if row.gap else ""), style="bold red" if row.gap else "bold")
         table.add_row(label, *cells)
     notes = []
     for name in (diff.a, diff.b):
@@ -114,26 +114,43 @@ def diff_renderable(diff):
                 f"per-message try={protection['per_message_try']}, started at {protection['started_at']}"
             )
     verdict = _verdict_text(f"sglang {diff.version} {diff.a} vs {diff.b}", diff.verdict, diff.unreadable)
-    return Group(verdict, table, _unreadable_text(diff.unreadable), Text("\n".join(notes), style="dim"))
+    headline = Text("\n".join(f"- {sentence}" for sentence in diff.headline()), style="bold")
+    return Group(verdict, headline, table, _unreadable_text(diff.unreadable), Text("\n".join(notes), style="dim"))
+
+
+# JupyterLab's table CSS right-aligns cells (``.jp-RenderedHTMLCommon td {text-align: right}``):
+# every cell and excerpt says its alignment inline, which no stylesheet overrides.
+LEFT = "text-align:left;vertical-align:top"
+CODE = "text-align:left;margin:4px 0;white-space:pre-wrap;font-family:monospace"
+
+
+def _headline_html(diff) -> str:
+    colour = VERDICT_COLOUR.get(diff.verdict, "#b06000")
+    items = "".join(f"<li>{html.escape(sentence)}</li>" for sentence in diff.headline())
+    return (f"<div class='pd-findings' style='{LEFT};border-left:4px solid {colour};padding:2px 8px'>"
+            f"<b>Findings</b><ul style='margin:2px 0'>{items}</ul></div>")
 
 
 def diff_html(diff) -> str:
     confirmations = _confirmations(diff)
     out = [
-        "<div class='pd-handler-diff'>",
-        f"<h4>sglang {html.escape(diff.version)}: {html.escape(diff.a)} vs {html.escape(diff.b)} "
-        "receiver loops, aligned by tag</h4>",
+        f"<div class='pd-handler-diff' style='{LEFT}'>",
+        "<style>.pd-handler-diff td, .pd-handler-diff th, .pd-handler-diff pre {text-align:left !important}</style>",
         _verdict_html(f"sglang {diff.version} {diff.a} vs {diff.b}", diff.verdict, diff.unreadable),
-        "<table style='border-collapse:collapse;width:100%;font-size:12px'>",
-        "<tr><th style='text-align:left'>role / tag</th>"
-        f"<th style='text-align:left'>{html.escape(diff.a)}</th><th style='text-align:left'>{html.escape(diff.b)}</th></tr>",
+        _headline_html(diff),
+        f"<h4 style='{LEFT}'>sglang {html.escape(diff.version)}: {html.escape(diff.a)} vs {html.escape(diff.b)} "
+        "receiver loops, aligned by tag (GAP: a frame one backend really gets and does not handle, which the "
+        "other treats differently)</h4>",
+        "<table style='border-collapse:collapse;width:100%;font-size:12px;table-layout:fixed'>",
+        f"<tr><th style='{LEFT};width:18%'>role / tag</th>"
+        f"<th style='{LEFT}'>{html.escape(diff.a)}</th><th style='{LEFT}'>{html.escape(diff.b)}</th></tr>",
     ]
     for row in diff.rows:
         border = "3px solid #d93025" if row.gap else "1px solid #ddd"
         out.append(f"<tr style='border:{border};vertical-align:top'>")
         gap_mark = " <b style='color:#d93025'>GAP</b>" if row.gap else ""
-        out.append(f"<td><b>{html.escape(row.role)}</b><br><code>{html.escape(row.tag)}</code>{gap_mark}<br>"
-                   f"<small>sent by: {html.escape(', '.join(row.senders))}</small></td>")
+        out.append(f"<td style='{LEFT}'><b>{html.escape(row.role)}</b><br><code>{html.escape(row.tag)}</code>"
+                   f"{gap_mark}<br><small>sent by: {html.escape(', '.join(row.senders))}</small></td>")
         for name in (diff.a, diff.b):
             cell = row.cells[name]
             colour = FATE_COLOUR.get(cell.fate, "#fef7e0")
@@ -143,9 +160,9 @@ def diff_html(diff) -> str:
             if cell.fate == DIES and confirmation:
                 confirmed = f"<br><b>static: dies; sandbox: {html.escape(confirmation)}</b>"
             never = "<br><small>(never sent by this backend)</small>" if not cell.sent else ""
-            source = f"<pre style='margin:4px 0;white-space:pre-wrap'>{html.escape(_excerpt(cell.source))}</pre>" if cell.source else ""
+            source = f"<pre style='{CODE}'>{html.escape(_excerpt(cell.source))}</pre>" if cell.source else ""
             out.append(
-                f"<td style='background:{colour}'><b>{html.escape(cell.fate)}</b> {words}"
+                f"<td style='{LEFT};background:{colour}'><b>{html.escape(cell.fate)}</b> {words}"
                 f"<br><small>{html.escape(cell.location)}</small>{never}{confirmed}{source}</td>"
             )
         out.append("</tr>")
@@ -236,7 +253,9 @@ def map_html(handler_map) -> str:
     verdict = _verdict_html(f"sglang {handler_map.version} ({handler_map.root})", handler_map.verdict,
                             handler_map.unreadable)
     return (
-        f"<h4>sglang {html.escape(handler_map.version)}: receiver loops</h4>{verdict}<table>"
+        f"<h4>sglang {html.escape(handler_map.version)}: receiver loops</h4>{verdict}"
+        "<style>.pd-handler-map td, .pd-handler-map th {text-align:left !important}</style>"
+        "<table class='pd-handler-map'>"
         "<tr><th>backend</th><th>role</th><th>loop</th><th>understood</th><th>dispatch</th><th>unknown frame</th>"
         f"<th>daemon</th><th>wrapper</th><th>try</th></tr>{''.join(rows)}</table><ul>{findings}{gaps}</ul>"
     )

@@ -32,9 +32,35 @@ from forensics.handlers.model import (
     FrameShape,
     Outcome,
     Unreadable,
+    opposite,
 )
 
 NOT_SENT = "not sent"
+BACKEND_NAMES = {"nixl": "NIXL", "mooncake": "Mooncake", "mori": "MORI", "ascend": "Ascend"}
+
+
+def backend_name(backend: str) -> str:
+    """How a backend is written in a sentence: NIXL, Mooncake (unknown ones as they are)."""
+    return BACKEND_NAMES.get(backend, backend)
+
+
+def finding_sentence(finding: Finding) -> str:
+    """The one sentence a finding comes down to, e.g. "the decode sends ABORT, the NIXL prefill
+    loop has no case for it: thread dies", with the sandbox's word when it was checked."""
+    from forensics.handlers.findings import UNHANDLED
+
+    loop = f"the {backend_name(finding.backend)} {finding.receiver_role} loop"
+    if finding.kind == UNHANDLED:
+        sentence = f"the {opposite(finding.receiver_role)} sends {finding.tag}, {loop} has no case for it: {finding.fate}"
+    else:
+        sentence = f"{loop} has no case for a frame it does not know (foreign or newer traffic): {finding.fate}"
+    if finding.conditions:
+        sentence += f" (on some paths: {len(finding.conditions)} condition(s), see the findings)"
+    if finding.confirmation and finding.confirmation != "not checked":
+        sentence += f"; sandbox: {finding.confirmation.split(':')[0]}"
+    if finding.caveat:
+        sentence += f" (not decisive: {finding.caveat})"
+    return sentence
 
 
 @dataclass
@@ -79,8 +105,26 @@ class DiffRow:
 
     @property
     def gap(self) -> bool:
-        fates = {cell.fate for cell in self.cells.values()}
-        return len(fates) > 1 or DIES in fates
+        """A GAP: the backends treat a frame differently, and it matters for one that really gets it.
+
+        True when some backend's loop *really receives* this frame (its own other side sends the
+        tag, or it is the unknown-frame row: foreign traffic reaches any loop), does not handle it
+        (the thread dies, or the frame is dropped), and the other backend's loop does something
+        else with it (e.g. NIXL's prefill dies on the decode's ABORT, Mooncake's handles it).
+        Not a GAP: a tag only one backend sends, which the other would choke on but never gets (a
+        wire-format difference); both loops doing the same (both dying is a finding, shown in the
+        red cells and the findings, but not a difference); a cell not read or not understood (an
+        unknown, shown grey and named, never a claim either way).
+        """
+        cells = list(self.cells.values())
+        if len(cells) < 2 or any(c.fate in (NOT_READ, NOT_UNDERSTOOD) for c in cells):
+            return False
+        for cell in cells:
+            if not cell.sent or cell.fate == HANDLED:
+                continue
+            if any(other.fate != cell.fate for other in cells if other is not cell):
+                return True
+        return False
 
 
 @dataclass
@@ -107,6 +151,23 @@ class HandlerDiff:
     @property
     def exit_status(self) -> ExitStatus:
         return VERDICT_STATUS[self.verdict]
+
+    def headline(self) -> list[str]:
+        """The findings in one sentence each, the ones that decide first (a sent tag a loop has
+        no case for, then loops that die on unknown frames); what to read before the table."""
+        from forensics.handlers.findings import UNHANDLED
+
+        ordered = sorted(self.findings, key=lambda f: (not f.certain, f.kind != UNHANDLED, f.backend != self.a,
+                                                       f.backend, f.receiver_role, f.tag))
+        sentences = [finding_sentence(f) for f in ordered]
+        if not sentences:
+            if self.unreadable:
+                sentences = [f"no finding in what was read; {len(self.unreadable)} part(s) not read or "
+                             "not understood, so this is not clean"]
+            else:
+                sentences = [f"every tag {backend_name(self.a)} or {backend_name(self.b)} sends is handled by "
+                             "the receiving loop"]
+        return sentences
 
     def to_frame(self):
         import pandas as pd

@@ -4,6 +4,10 @@
 timeline, the batch history, per-minute access counts, line statistics and the
 problems met on the way. ``timeline()`` and ``batch_stats()`` are its two most used
 frames.
+
+Displays: ``scan`` itself shows the verdict, the summary and the compact events;
+``scan.events_view()`` is the compact view (time, role, signature, room whole, a short
+message; ``.frame`` for it as a DataFrame), while ``scan.events`` stays the full frame.
 """
 
 from __future__ import annotations
@@ -79,13 +83,139 @@ class LogScan:
             return self.events[mask]
         return self.events.loc[mask, [c for c in columns if c in self.events.columns]]
 
+    def events_view(self, min_severity: str | None = "warning", limit: int = 200) -> EventsView:
+        """The events to read: time, role, signature, room (whole), a short message; ``scan.events``
+        stays the full frame (every column, every row). ``min_severity=None`` keeps every event;
+        ``limit`` caps the rows shown (``.frame`` of the view holds every selected row)."""
+        events = self.events if min_severity is None else self.important(min_severity)
+        return EventsView(events, total=len(self.events), limit=limit)
+
     def _repr_html_(self) -> str:
-        return self.summary()._repr_html_() + self.assess()._repr_html_()
+        # The verdict first, then the summary, then the compact events (the full frame: .events).
+        return (self.assess()._repr_html_() + self.summary()._repr_html_()
+                + self.events_view(limit=50)._repr_html_())
 
     def __rich__(self):
         from rich.console import Group
 
-        return Group(self.summary().__rich__(), self.assess())
+        return Group(self.assess(), self.summary().__rich__(), self.events_view(limit=50))
+
+
+VIEW_COLUMNS = ["time", "role", "signature", "room", "message"]
+SHORT_MESSAGE = 100  # characters of the message in the compact view; the whole one is in .events
+
+
+def _short(text: str, limit: int) -> str:
+    """``text`` on one line (line breaks and runs of spaces as one space), cut to ``limit`` with "…"."""
+    text = " ".join(text.split()) if ("\n" in text or "\r" in text or "  " in text) else text
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass
+class EventsView:
+    """A compact view of events: time, role, signature, room, short message.
+
+    Rooms are text of digits (never a float, never abbreviated) and are not wrapped in
+    JupyterLab (``white-space:nowrap``). ``.frame`` is the compact frame of every selected row,
+    ``.full`` the selected rows with every column (as in ``LogScan.events``).
+    """
+
+    full: pd.DataFrame
+    total: int | None = None  # events in the scan the view was cut from
+    limit: int = 200
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        events = self.full
+
+        def text(column):
+            if column not in events.columns:
+                return pd.Series([""] * len(events), index=events.index, dtype="string")
+            return events[column].astype("string").fillna("")
+
+        times = events["ts"] if "ts" in events.columns else pd.Series(pd.NaT, index=events.index)
+        time = pd.Series([t.strftime("%Y-%m-%d %H:%M:%S") if not pd.isna(t) else "" for t in times],
+                         index=events.index, dtype="string")
+        return pd.DataFrame({
+            "time": time,
+            "role": text("role"),
+            "signature": text("signature"),
+            "room": text("room"),  # UInt64 -> its digits exactly
+            "message": text("message").map(lambda m: _short(m, SHORT_MESSAGE)),
+            "severity": text("severity"),
+        }).reset_index(drop=True)
+
+    def __len__(self) -> int:
+        return len(self.full)
+
+    def _title(self, shown: int) -> str:
+        of = f" of {self.total}" if self.total is not None else ""
+        more = f" (first {shown} shown; all: .frame, every column: .full)" if shown < len(self.full) else ""
+        return f"Events: {len(self.full)}{of}{more}"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        frame = self.frame.head(self.limit)
+        colour = {"critical": "#fce8e6", "error": "#fdecea", "warning": "#fef7e0"}
+        left = "text-align:left;vertical-align:top;padding:1px 6px"
+        nowrap = f"{left};white-space:nowrap"
+        head = "".join(f"<th style='{nowrap}'>{c}</th>" for c in VIEW_COLUMNS)
+        rows = []
+        for row in frame.itertuples(index=False):
+            background = colour.get(row.severity, "")
+            style = f" style='background:{background}'" if background else ""
+            rows.append(
+                f"<tr{style}><td style='{nowrap}'>{html.escape(row.time)}</td>"
+                f"<td style='{nowrap}'>{html.escape(row.role)}</td>"
+                f"<td style='{nowrap}'>{html.escape(row.signature)}</td>"
+                f"<td class='pd-room' style='{nowrap};font-family:monospace'>{html.escape(row.room)}</td>"
+                f"<td style='{left}' title='{html.escape(row.message, quote=True)}'>{html.escape(row.message)}</td>"
+                "</tr>")
+        return (f"<div class='pd-events' style='text-align:left'><b>{html.escape(self._title(len(frame)))}</b>"
+                f"<table style='border-collapse:collapse;font-size:12px'><tr>{head}</tr>{''.join(rows)}</table></div>")
+
+    def __rich_console__(self, console, options):
+        from rich.text import Text
+
+        frame = self.frame.head(self.limit)
+        yield Text(self._title(len(frame)), style="bold")
+        style = {"critical": "bold red", "error": "red", "warning": "yellow"}
+        widths = event_widths(frame["signature"], frame["room"])
+        for row in frame.itertuples(index=False):
+            line = event_line(row.time[11:], row.role, row.signature, row.room, row.message, options.max_width,
+                              widths)
+            yield Text(line, style=style.get(row.severity, ""), no_wrap=True, overflow="ignore")
+
+
+def event_widths(signatures, rooms) -> tuple[int, int]:
+    """Column widths for ``event_line``: the widest signature (at most 28) and the widest room."""
+    signature = min(max([0, *(len(str(s)) for s in signatures)]), 28)
+    room = max([0, *(len(str(r)) for r in rooms)])
+    return signature, room
+
+
+def event_line(time: str, role: str, signature: str, room: str, message: str, width: int,
+               widths: tuple[int, int] = (0, 0)) -> str:
+    """One event on one line of ``width`` columns: time, role, signature, room, message.
+
+    The room is never cut (a room is an exact 64-bit id); the message takes what is left and
+    is cut with an ellipsis; the signature is cut only when nothing else fits.
+    """
+    signature_width, room_width = widths
+    head = f"{time or '--:--:--':<8} {role:<7} "
+    room_part = f" {room:<{room_width}}" if room_width or room else ""
+    fixed = len(head) + len(room_part)
+    signature_width = max(signature_width, 0)
+    if fixed + max(signature_width, len(signature)) + 11 > width:
+        # Not enough for the signature and 10 characters of message: the signature gives way first.
+        signature = _short(signature, max(width - fixed - 11, 8))
+        signature_width = min(signature_width, len(signature))
+    line = head + f"{signature:<{signature_width}}" + room_part
+    left = width - len(line) - 1
+    if message and left >= 2:
+        line += " " + _short(message, left)
+    return line.rstrip()
 
 
 def _role_of(unit, fallback: str) -> str:

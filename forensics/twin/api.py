@@ -35,6 +35,99 @@ SUPPORTED_BACKENDS = ("nixl",)
 PORT_NAMES = ("router", "prefill", "bootstrap", "decode")
 
 
+# The queue lengths each role's /server_info reports (the gauges sglang exports as metrics).
+QUEUE_GAUGES = {"prefill": ("bootstrap_queue", "waiting_queue", "inflight_queue"),
+                "decode": ("prealloc_queue", "transfer_queue", "running")}
+
+
+class TwinStatus(dict):
+    """``Deployment.status()``: a plain dict (``status["roles"]["prefill"]["alive"]``, JSON as is)
+    that shows itself: the verdict first (healthy or what is wrong), then per role the URL, pid,
+    alive / answering, the prefill's bootstrap thread alive or DEAD, and the queue gauges."""
+
+    @property
+    def healthy(self) -> bool:
+        roles = self.get("roles", {})
+        return bool(roles) and all(r.get("alive") and r.get("answering") for r in roles.values()) and (
+            roles.get("prefill", {}).get("bootstrap_thread_alive") is True)
+
+    def problems(self) -> list[str]:
+        said = []
+        for role, entry in self.get("roles", {}).items():
+            if not entry.get("alive"):
+                said.append(f"{role} is not running")
+            elif not entry.get("answering"):
+                said.append(f"{role} does not answer")
+        thread = self.get("roles", {}).get("prefill", {}).get("bootstrap_thread_alive")
+        if thread is False:
+            said.append("the prefill's bootstrap thread is dead")
+        elif thread is None and self.get("roles", {}).get("prefill", {}).get("answering"):
+            said.append("the prefill's bootstrap thread is not reported")
+        return said
+
+    def headline(self) -> str:
+        name = f"twin sglang {self.get('sglang')}{' (patched)' if self.get('patched') else ''}"
+        if self.healthy:
+            return f"{name}: healthy"
+        return f"{name}: UNHEALTHY: {'; '.join(self.problems()) or 'not every role answers'}"
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(self))
+
+    @staticmethod
+    def _thread_word(entry: dict, role: str) -> str:
+        if role != "prefill":
+            return ""
+        value = entry.get("bootstrap_thread_alive")
+        return {True: "alive", False: "DEAD"}.get(value, "unknown")
+
+    @staticmethod
+    def _queues_text(entry: dict) -> str:
+        return ", ".join(f"{k.replace('_queue', '')} {v}" for k, v in (entry.get("queues") or {}).items())
+
+    def __rich__(self):
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(box=None, padding=(0, 1), header_style="bold")
+        for column in ("role", "pid", "alive", "answering", "bootstrap thread", "queues", "url"):
+            table.add_column(column, no_wrap=column in ("role", "pid", "url"))
+        for role, entry in self.get("roles", {}).items():
+            thread = self._thread_word(entry, role)
+            table.add_row(role, str(entry.get("pid")),
+                          Text(str(entry.get("alive")), style="" if entry.get("alive") else "bold red"),
+                          Text(str(entry.get("answering")), style="" if entry.get("answering") else "bold red"),
+                          Text(thread, style="bold red" if thread == "DEAD" else "green" if thread == "alive" else ""),
+                          self._queues_text(entry), str(entry.get("url") or ""))
+        head = Text(self.headline(), style="bold green" if self.healthy else "bold red")
+        return Group(head, table, Text(f"inventory: {self.get('inventory')}", style="dim"))
+
+    def _repr_html_(self) -> str:
+        left = "text-align:left;vertical-align:top;padding:1px 8px;white-space:nowrap"
+        colour = "#188038" if self.healthy else "#d93025"
+        rows = []
+        for role, entry in self.get("roles", {}).items():
+            thread = self._thread_word(entry, role)
+            bad = "color:#d93025;font-weight:bold"
+            cells = [
+                html.escape(role), html.escape(str(entry.get("pid"))),
+                f"<span style='{'' if entry.get('alive') else bad}'>{entry.get('alive')}</span>",
+                f"<span style='{'' if entry.get('answering') else bad}'>{entry.get('answering')}</span>",
+                f"<span style='{bad if thread == 'DEAD' else 'color:#188038' if thread == 'alive' else ''}'>"
+                f"{html.escape(thread)}</span>",
+                html.escape(self._queues_text(entry)),
+                f"<code>{html.escape(str(entry.get('url') or ''))}</code>",
+            ]
+            rows.append("<tr>" + "".join(f"<td style='{left}'>{c}</td>" for c in cells) + "</tr>")
+        head = "".join(f"<th style='{left}'>{c}</th>" for c in
+                       ("role", "pid", "alive", "answering", "bootstrap thread", "queues", "url"))
+        return (f"<div class='pd-twin-status' style='text-align:left'><b style='color:{colour}'>"
+                f"{html.escape(self.headline())}</b><table style='border-collapse:collapse'><tr>{head}</tr>"
+                f"{''.join(rows)}</table><small>inventory: <code>{html.escape(str(self.get('inventory')))}</code>"
+                "</small></div>")
+
+
 class TwinError(EnvironmentProblem):
     """The twin cannot be set up as asked; the message says what and why."""
 
@@ -96,10 +189,12 @@ class Deployment:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             return json.load(response)
 
-    def status(self) -> dict:
-        """Per role: pid, alive, answering; for the prefill, whether sglang's bootstrap thread lives."""
-        result = {"inventory": str(self.inventory_path), "sglang": self.settings.sglang,
-                  "patched": self.settings.patched, "roles": {}}
+    def status(self) -> TwinStatus:
+        """Per role: pid, alive, answering, URL, queue gauges; for the prefill, whether sglang's
+        bootstrap thread lives. A dict (``status()["roles"]["prefill"]["pid"]``) that renders
+        itself in JupyterLab and rich; ``.healthy`` says whether all is well."""
+        result = TwinStatus(inventory=str(self.inventory_path), sglang=self.settings.sglang,
+                            patched=self.settings.patched, roles={})
         for role in processes.ROLE_ORDER:
             pid = self.pid(role)
             entry = {"pid": pid, "alive": processes.ours(self.directory, role) is not None,
@@ -113,6 +208,9 @@ class Deployment:
                     entry["counters"] = twin.get("counters")
                 elif role == "decode":
                     entry["counters"] = twin.get("counters")
+                queues = {name: twin[name] for name in QUEUE_GAUGES.get(role, ()) if name in twin}
+                if queues:
+                    entry["queues"] = queues
             except (OSError, ValueError):
                 entry["answering"] = False
             result["roles"][role] = entry
