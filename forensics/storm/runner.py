@@ -38,6 +38,18 @@ SIGKILL_CLIENTS = 16  # client processes in sigkill mode (sessions spread over t
 READY_WAIT_S = 10.0  # how long the nemesis waits for a wave to reach its phase before it strikes anyway
 
 
+def _run_coroutine(coroutine):
+    """``asyncio.run`` here, or in a worker thread when this thread already runs a loop (Jupyter's kernel)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="storm-cycle") as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 def _seconds(value: Any, name: str, *, zero_ok: bool = True) -> float:
     if isinstance(value, str):
         from forensics.logs.timewindow import parse_duration
@@ -97,7 +109,7 @@ def run_storm(target: Any, *, yes: bool = False, progress: Progress | None = Non
         specs = generator.plan_sessions(plan.sessions, cycle=cycle, storm=storm, prompt_tokens=plan.prompt_tokens,
                                         max_tokens=plan.max_tokens, waves=plan.waves)
         started = pd.Timestamp.now(tz="UTC")
-        states, strikes, pids = asyncio.run(_cycle(plan, specs, cycle, progress))
+        states, strikes, pids = _run_coroutine(_cycle(plan, specs, cycle, progress))
         _tell(progress, cycle=cycle, stage="checking", sessions=len(specs))
         since = started.floor("s") - pd.Timedelta(seconds=1)  # log lines carry whole seconds
         check = checker.check(inv if inv.path is None else inv.path, since=since, rids={s.rid for s in specs},
