@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from forensics.evidence import command_record
 from forensics.exitcodes import EnvironmentProblem
 from forensics.hosts import CommandResult, Host
 
@@ -67,19 +68,12 @@ def temp_name(dest: str) -> str:
 
 
 def result_record(result: CommandResult) -> dict[str, Any]:
-    """A CommandResult as plain data for the deploy record (output cut to its last 4 KiB)."""
-    return {
-        "host": result.host,
-        "argv": list(result.argv),
-        "command_line": result.command_line,
-        "state": result.state.value,
-        "exit_code": result.exit_code,
-        "duration_s": round(result.duration_s, 4),
-        "truncated": result.truncated,
-        "error": result.error,
-        "stdout": result.stdout_text[-4096:],
-        "stderr": result.stderr_text[-4096:],
-    }
+    """A CommandResult as the deploy record keeps it: the manifest's record plus the output's last 4 KiB."""
+    record = command_record(result)
+    record["duration_s"] = round(result.duration_s, 4)
+    record["stdout"] = result.stdout_text[-4096:]
+    record["stderr"] = result.stderr_text[-4096:]
+    return record
 
 
 @dataclass
