@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import httpx
 import pandas as pd
 import pytest
-from twin_helpers import kill_client_during_transfer_wait, twin_state, wait_until
+from twin_helpers import twin_state, wait_until
 
 import forensics.probes as probes
 from forensics.probes.results import ProbeRow, rows_frame
@@ -360,9 +360,9 @@ def test_hundreds_of_late_probes_never_wedge_an_unpatched_slow_twin(twin):
 @pytest.mark.server
 @pytest.mark.timeout(180)
 def test_on_a_wedged_twin_health_lies_and_the_probes_say_so(twin):
-    kill_client_during_transfer_wait(twin)
-    wait_until(lambda: twin_state(twin.prefill)["bootstrap_thread_alive"] is False, 20,
-               "the prefill's bootstrap thread to die")
+    from live_helpers import ensure_wedged
+
+    ensure_wedged(twin)  # retried when a kill lands outside the transfer wait (a loaded machine)
     runner = probes.ProbeRunner(twin, interval_s=0.5, deadline_s={"liveness": 2.0, "health": 10.0,
                                                                    "health_generate": 10.0}, cap_s=120).start()
     try:
