@@ -61,12 +61,9 @@ def sudo_user(sshd):
     rule = (
         f"{USER} ALL=(root) NOPASSWD: {shutil.which('id')} -u, {shutil.which('sleep')} {MARKER}\n"
     )
-    tmp = SUDOERS.with_name(".pdfx-hosts-test.tmp")  # sudo ignores names holding a '.'
-    tmp.write_text(rule)
-    tmp.chmod(0o440)
-    check = subprocess.run(["visudo", "-c", "-f", str(tmp)], capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0, check.stdout + check.stderr
-    os.replace(tmp, SUDOERS)
+    from user_helpers import install_sudoers
+
+    install_sudoers(SUDOERS, rule)
     try:
         yield USER
     finally:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 from live_helpers import ssh_inventory
+from user_helpers import install_sudoers
 
 import forensics.twin as twin_api
 from forensics.sglang_source import fetch
@@ -319,12 +320,7 @@ def test_deploy_and_rollback_as_an_unprivileged_user_with_the_generated_sudoers(
             assert not list(conn.parent.glob("conn.py.pd-forensics-backup-*"))
 
             rules = sudoers_rules(inventory, user=user, uid=0, gid=0, mode="0644")
-            candidate = base / "sudoers"
-            candidate.write_text(rules)
-            checked = subprocess.run(["visudo", "-cf", str(candidate)], capture_output=True, text=True, timeout=30)
-            assert checked.returncode == 0, checked.stdout + checked.stderr
-            shutil.copyfile(candidate, sudoers)
-            sudoers.chmod(0o440)
+            install_sudoers(sudoers, rules)
 
             record = deploy_mod.deploy(inventory, yes=True, liveness_deadline_s=LIVENESS_S)
             assert record.status == "deployed", (record.problem, [s.to_dict() for s in record.steps][-3:])

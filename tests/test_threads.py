@@ -459,12 +459,9 @@ def spy_user(sshd):
     _remove_user()
     subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--password", "*", USER],
                    check=True, capture_output=True, timeout=60)
-    tmp = SUDOERS.with_name(".pdfx-threads-test.tmp")  # sudo ignores names holding a '.'
-    tmp.write_text(f"{USER} ALL=(root) NOPASSWD: {PY_SPY}\n")
-    tmp.chmod(0o440)
-    check = subprocess.run(["visudo", "-c", "-f", str(tmp)], capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0, check.stdout + check.stderr
-    os.replace(tmp, SUDOERS)
+    from user_helpers import install_sudoers
+
+    install_sudoers(SUDOERS, f"{USER} ALL=(root) NOPASSWD: {PY_SPY}\n")
     try:
         yield USER
     finally:

@@ -48,3 +48,16 @@ def test_user(name: str) -> Iterator[str]:
 
 
 test_user.__test__ = False  # not a test, despite its name
+
+
+def install_sudoers(path, rules: str) -> None:
+    """Check ``rules`` with visudo, then put them at ``path`` (mode 0440) in one rename."""
+    from pathlib import Path
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")  # sudo ignores names holding a '.'
+    tmp.write_text(rules)
+    tmp.chmod(0o440)
+    check = subprocess.run(["visudo", "-c", "-f", str(tmp)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    os.replace(tmp, path)
