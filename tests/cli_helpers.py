@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import sys
 
 from forensics.cli import main
@@ -31,3 +32,21 @@ def invoke(*args: str, columns: int | None = None) -> tuple[int, str, str]:
                 os.environ["COLUMNS"] = saved_columns
     out.flush()
     return status, out.buffer.getvalue().decode("utf-8"), err.getvalue()
+
+
+def run_forensics(*args: str, env: dict | None = None, timeout: float = 300,
+                  drop_env: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``python -m forensics ARGS`` in a child process (for kills and exit statuses that must be real)."""
+    environment = {k: v for k, v in os.environ.items() if k not in drop_env}
+    environment.update(env or {})
+    return subprocess.run([sys.executable, "-m", "forensics", *args], capture_output=True, text=True,
+                          timeout=timeout, env=environment)
+
+
+def one_document(stdout: str) -> dict:
+    """The one JSON document a ``--json`` command printed (nothing may follow it)."""
+    import json
+
+    document, end = json.JSONDecoder().raw_decode(stdout)
+    assert stdout[end:].strip() == ""
+    return document

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import one_document, run_forensics
 
 from forensics.exitcodes import EnvironmentProblem
 from forensics.sglang_source import fetch
@@ -48,16 +49,8 @@ def patched_bytes(original_bytes, tmp_path_factory) -> bytes:
 
 
 def forensics(*args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-    environment = {k: v for k, v in os.environ.items() if k != KILL_ENV}
-    environment.update(env or {})
-    return subprocess.run([sys.executable, "-m", "forensics", "patch", *args], capture_output=True, text=True,
-                          timeout=timeout, env=environment)
-
-
-def one_document(stdout: str) -> dict:
-    document, end = json.JSONDecoder().raw_decode(stdout)
-    assert stdout[end:].strip() == ""
-    return document
+    """``forensics patch ARGS`` in a child process, without an inherited kill point."""
+    return run_forensics("patch", *args, env=env, timeout=timeout, drop_env=(KILL_ENV,))
 
 
 def names(directory: Path) -> list[str]:

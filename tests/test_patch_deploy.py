@@ -9,7 +9,6 @@ and whose URLs are the twin's (its restart line is ``true``): cheap, and livenes
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from cli_helpers import one_document, run_forensics
 from live_helpers import ssh_inventory
 from user_helpers import install_sudoers
 
@@ -107,16 +107,8 @@ def fake_deployment(directory: Path, twin, wheel: dict, *, conn: bytes | None = 
 
 
 def forensics(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    environment = {k: v for k, v in os.environ.items() if k != KILL_ENV}
-    environment.update(env or {})
-    return subprocess.run([sys.executable, "-m", "forensics", "patch", *args], capture_output=True, text=True,
-                          timeout=timeout, env=environment)
-
-
-def one_document(stdout: str) -> dict:
-    document, end = json.JSONDecoder().raw_decode(stdout)
-    assert stdout[end:].strip() == ""
-    return document
+    """``forensics patch ARGS`` in a child process, without an inherited kill point."""
+    return run_forensics("patch", *args, env=env, timeout=timeout, drop_env=(KILL_ENV,))
 
 
 # ----------------------------------------------------------------------------- the acceptance flow
