@@ -105,3 +105,14 @@ class Evidence:
     def __repr__(self) -> str:
         held = ", ".join(f"{name}={len(frame)}" for name, frame in self.frames.items())
         return f"<Evidence {self.deployment.get('name')!r}: {held}; {len(self.gaps)} gap(s)>"
+
+    def _repr_html_(self) -> str:
+        """JupyterLab: deployment, time, engines, frames with row counts, gaps highlighted (redacted, escaped)."""
+        from forensics.evidence_display import to_html
+
+        return to_html(self)
+
+    def __rich__(self):
+        from forensics.evidence_display import renderable
+
+        return renderable(self)

@@ -121,19 +121,40 @@ def redact_url(url: str) -> str:
 def _quoted(value: str) -> str:
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
         return value[0] + REDACTED + value[0]
-    return REDACTED
+    secret, closers = _split_closers(value)
+    return REDACTED + closers if secret else value
+
+
+_OPENER_OF = {")": "(", "]": "[", "}": "{"}
+
+
+def _split_closers(value: str) -> tuple[str, str]:
+    """``value`` as (secret, closing brackets after it that close something opened before it).
+
+    An unquoted value runs up to whitespace, so in ``f(token=abc)`` or ``(Bearer: abc)`` the
+    match takes the ``)`` that closes the text around it; redacting it whole would eat that
+    bracket. A closer the value itself opened (``pass(1)``) stays part of the secret.
+    """
+    end = len(value)
+    while end and value[end - 1] in _OPENER_OF:
+        closer = value[end - 1]
+        if value.count(closer, 0, end) <= value.count(_OPENER_OF[closer], 0, end):
+            break
+        end -= 1
+    return value[:end], value[end:]
 
 
 def redact_text(text: str) -> str:
     """Free text with every secret the rules above can see replaced by :data:`REDACTED`."""
     if not isinstance(text, str) or not text:
         return text
-    text = _AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) or "") + REDACTED, text)
+    text = _AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) or "") + _quoted(m.group(3)), text)
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED if m.group(2) != REDACTED else m.group(0), text)
     text = _BASIC.sub(lambda m: m.group(1) + REDACTED, text)
     text = _URL_USERINFO.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
     text = _QUERY.sub(
-        lambda m: m.group(1) + m.group(2) + "=" + REDACTED if is_secret_name(m.group(2)) and m.group(3) else m.group(0),
+        lambda m: m.group(1) + m.group(2) + "=" + _quoted(m.group(3)) if is_secret_name(m.group(2)) and m.group(3)
+        else m.group(0),
         text,
     )
     text = _ASSIGN.sub(

@@ -139,6 +139,8 @@ def watch(target: Any, *, for_s: float | None = None, on_change: OnChange | None
     ``on_change(verdict, previous)`` is called at the first verdict and at every change of
     verdict word; ``on_tick(verdict)`` after every tick (a live display). Returns the last
     verdict. Keyword arguments are :class:`WatchSettings` fields.
+
+    Example: ``fx.watch("inventory.toml", for_s=600, on_change=lambda verdict, previous: print(verdict.verdict))``
     """
     settings = settings or WatchSettings(**kwargs)
     stop = stop or threading.Event()

@@ -5,12 +5,15 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
 #     name: python3
 # ---
 
+# %%
 
 # %% [markdown]
 # # 00 · Investigate
@@ -37,7 +40,7 @@ import pathlib
 from IPython.display import SVG, display
 
 import forensics as fx
-from forensics.report.plots import gauges_plot, probes_plot
+from forensics.report import gauges_plot, probes_plot, timeline_plot
 
 out = pathlib.Path(out)
 out.mkdir(parents=True, exist_ok=True)
@@ -85,18 +88,9 @@ if events is not None and len(events):
     display(events[["ts", "role", "signature", "room", "message"]].sort_values("ts", kind="mergesort"))
 
 # %%
-import matplotlib.pyplot as plt
-
-if events is not None and len(events):
-    t0 = events["ts"].min()
-    fig, ax = plt.subplots(figsize=(8, 2.8))
-    for signature, rows in events.groupby(events["signature"].astype(str)):
-        ax.scatter((rows["ts"] - t0).dt.total_seconds(), rows["role"].astype(str), label=signature, s=24)
-    ax.set_xlabel(f"time since {t0} (s)")
-    ax.set_ylabel("role")
-    ax.set_title("log events by role")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
-    plt.show()
+svg = timeline_plot(events, None if events is None else events["ts"].min())
+if svg:
+    display(SVG(svg))
 
 # %% [markdown]
 # ## Queue gauges and health versus liveness

@@ -449,3 +449,18 @@ def test_real_argv_lines():
     assert not is_secret_name("max_total_tokens") and not is_secret_name("tokenizer_path")
     assert redact_text("curl -H 'Authorization: Bearer abc.def-ghi' http://a:b@c/?token=x&n=1") == (
         f"curl -H 'Authorization: Bearer {REDACTED}' http://a:{REDACTED}@c/?token={REDACTED}&n=1")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("retry(token=abc123)", f"retry(token={REDACTED})"),
+    ("headers(Authorization: Bearer abc.def-ghi)", f"headers(Authorization: Bearer {REDACTED})"),
+    ("(Authorization: Basic dXNlcjpwYXNz)", f"(Authorization: Basic {REDACTED})"),
+    ("launch(--api-key abc123)", f"launch(--api-key {REDACTED})"),
+    ("fetch(http://h/p?token=abc123)", f"fetch(http://h/p?token={REDACTED})"),
+    ("cfg(password: abc123) ok", f"cfg(password: {REDACTED}) ok"),
+    ("[f(password=abc(1))]", f"[f(password={REDACTED})]"),  # the value's own bracket pair is hidden with it
+])
+def test_a_closing_bracket_after_a_secret_is_kept(text, expected):
+    # An unquoted value runs up to whitespace; the ')' that closes the text around it is not the secret's.
+    assert redact_text(text) == expected
+    assert "abc" not in redact_text(text) and redact_text(expected) == expected

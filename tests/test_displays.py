@@ -249,3 +249,65 @@ def test_patch_verify_at_80_columns_keeps_the_patched_room_states():
     final = next(line for line in lines if line.lstrip().startswith("bootstrap room 4"))
     # unpatched: dead, rooms 3 and 4 stuck Bootstrapping; patched: alive, room 2 Failed, 3-4 WaitingForInput
     assert re.search(r"DEAD\s+W B B B\s+alive\s+W F W W", final), final
+
+
+# ----------------------------------------------------------------------------- evidence
+
+
+def collected_evidence():
+    """An Evidence shaped as ``fx.collect`` returns it: engines, probes, events, threads, and two gaps."""
+    import pandas as pd
+
+    from forensics.evidence import Evidence, Gap
+
+    t0 = pd.Timestamp("2026-11-30T03:00:00Z")
+    engines = pd.DataFrame({"name": ["prefill-0", "decode-0", "router-0"], "role": ["prefill", "decode", "router"],
+                            "host": ["ssh://ops@10.0.3.17:22", "ssh://ops@10.0.3.18:22", "local"],
+                            "url": ["http://10.0.3.17:30001", "http://10.0.3.18:30002", "http://127.0.0.1:30000"]})
+    probes = pd.DataFrame({"ts": [t0, t0 + pd.Timedelta(seconds=2)], "target": ["router-0"] * 2,
+                           "kind": ["liveness", "health"], "outcome": ["pending", "ok"]})
+    events = pd.DataFrame({"ts": [t0] * 3, "role": ["decode", "prefill", "prefill"],
+                           "signature": ["abort_sent", "thread_death", "guard_assert"],
+                           "room": pd.array([2**63 - 12345, None, None], dtype="UInt64")})
+    threads = pd.DataFrame({"pid": [4242] * 4, "thread_name": ["MainThread", "a", "b", "c"]})
+    gaps = [Gap("threads", "decode-0 (ssh://ops@10.0.3.18:22)", "py-spy exited 1: <ptrace denied> for pid 4243",
+                "run with sudo: true in the inventory"),
+            Gap("logs", "prefill-0 (ssh://ops@10.0.3.17:22)", "cut at the byte cap (api_key=s3cr3t-planted)",
+                partial=True)]
+    return Evidence({"name": "pd-prod-7", "sglang": "0.5.15", "backend": "nixl",
+                     "inventory": "/etc/pd/<prod>.toml"},
+                    {"engines": engines, "probes": probes, "events": events, "threads": threads}, gaps,
+                    commands=[{"host": "local", "argv": ["py-spy", "dump"], "state": "ok"}],
+                    window={"since": "2026-11-30T02:30:00+00:00", "until": None},
+                    collected_at="2026-11-30T03:01:00.000+00:00")
+
+
+def test_evidence_renders_its_engines_frames_and_highlighted_gaps():
+    evidence = collected_evidence()
+    html = evidence._repr_html_()
+    assert "pd-prod-7" in html and "sglang 0.5.15" in html and "2026-11-30T03:01:00.000+00:00" in html
+    for engine in ("prefill-0", "decode-0", "router-0", "http://10.0.3.17:30001"):
+        assert engine in html
+    for frame, rows in (("engines", 3), ("probes", 2), ("events", 3), ("threads", 4)):
+        assert re.search(rf"<code>{frame}</code></td><td[^>]*>{rows}</td>", html), frame
+    assert "not collected: " in html and "metrics" in html.split("not collected: ")[1]
+    # Each gap with its reason, on a highlighted row; a '<' in a reason is escaped, never markup.
+    assert "2 gap(s)" in html
+    assert "py-spy exited 1: &lt;ptrace denied&gt; for pid 4243" in html and "<ptrace" not in html
+    assert "run with sudo: true in the inventory" in html
+    gap_rows = re.findall(r"<tr style='([^']*)'>", html)
+    assert gap_rows == ["background:#fdd", "background:#fff3cd"]  # nothing read; read in part
+    assert "/etc/pd/&lt;prod&gt;.toml" in html
+    assert "s3cr3t-planted" not in html and "&lt;redacted&gt;" in html
+    assert all("text-align:left" in tag for tag in tags(html, "td"))
+    text = text_of(evidence, 80)
+    assert text.splitlines()[0] == "Evidence 'pd-prod-7' (sglang 0.5.15, nixl)"
+    assert text.splitlines()[1].startswith("collected 2026-11-30T03:01:00.000+00:00; window 2026-11-30T02:30")
+    assert "py-spy exited 1: <ptrace" in text and "s3cr3t-planted" not in text and "2 gap(s)" in text
+
+
+def test_evidence_without_gaps_says_so():
+    evidence = collected_evidence()
+    evidence.gaps = []
+    html = evidence._repr_html_()
+    assert "no gaps" in html and "background:#fdd" not in html

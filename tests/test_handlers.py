@@ -300,6 +300,44 @@ def test_cli_json_exit_codes_and_out_dir(tmp_path):
     assert (tmp_path / "m.png").is_file()
 
 
+MATRIX_SPAN = ["0.5.15", "0.5.15.post1", "0.5.16"]  # every release from 0.5.15 to 0.5.16
+
+
+@pytest.mark.timeout(180)
+def test_matrix_cli_reports_each_release_on_a_stderr_that_is_not_a_terminal():
+    # A log or CI job gets one line per release instead of a minute of silence; stdout stays one JSON document.
+    proc = subprocess.run([sys.executable, "-m", "forensics", "handlers", "matrix", "--from", "0.5.15", "--to", "0.5.16",
+                           "--json", "--workers", "2"], capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stderr
+    total = len(MATRIX_SPAN)
+    assert proc.stderr.splitlines() == [f"handlers matrix: {v} ({i}/{total})" for i, v in enumerate(MATRIX_SPAN, 1)]
+    document, end = json.JSONDecoder().raw_decode(proc.stdout)
+    assert proc.stdout[end:].strip() == "" and document["status"] == "mapped"
+    assert sorted({row["release"] for row in document["rows"]}, key=Version) == MATRIX_SPAN
+
+
+@pytest.mark.timeout(180)
+def test_matrix_progress_a_bar_in_ipython_silence_in_a_script_or_a_callback(monkeypatch, capsys):
+    import types
+
+    import forensics as fx
+
+    seen: list[str] = []
+    fx.handlers.matrix(MATRIX_SPAN, workers=1, progress=seen.append)
+    assert seen == MATRIX_SPAN
+    assert capsys.readouterr().err == ""
+
+    fx.handlers.matrix(MATRIX_SPAN, workers=1)  # a plain script: no bar
+    assert capsys.readouterr().err == ""
+
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: object()))
+    fx.handlers.matrix(MATRIX_SPAN, workers=1)  # under IPython: tqdm's bar, on stderr here (no ipywidgets)
+    bar = capsys.readouterr().err
+    assert "handlers matrix" in bar and f"{len(MATRIX_SPAN)}/{len(MATRIX_SPAN)}" in bar and "0.5.16" in bar
+    fx.handlers.matrix(MATRIX_SPAN, workers=1, progress=False)
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_every_release_window():

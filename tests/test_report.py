@@ -203,7 +203,8 @@ def test_every_sre_section_is_there_with_the_evidence_behind_it(written):
     assert "| Handle ABORT in the nixl prefill bootstrap loop | prevent |   |" in md  # owner left blank
     assert "| 1 | liveness | PASS |" in md  # the campaign table
     assert "2026-11-30 03:00:04.000 UTC" in md  # times in UTC, one format
-    assert html.count("data:image/svg+xml;base64,") == 3  # probes, gauges, the saved plot: embedded
+    assert html.count("data:image/svg+xml;base64,") == 4  # timeline, probes, gauges, the saved plot: embedded
+    assert 'id="plot-timeline"' in html and "plots/timeline.svg" in md
     assert "<link" not in html and "<script" not in html and "src=\"http" not in html  # self-contained
 
 
@@ -313,3 +314,20 @@ def test_an_investigation_without_verdict_or_evidence_is_undecided(tmp_path):
     Investigation(tmp_path / "empty", target="pd-test")
     with pytest.raises(Undecided, match="no verdict and no evidence bundle"):
         write_report(tmp_path / "empty", tmp_path / "out", "md")
+
+
+def test_the_timeline_plot_draws_each_role_and_signature_with_its_units():
+    import forensics as fx
+
+    events = _evidence().frame("events")
+    svg = fx.report.timeline_plot(events, T0)
+    # Glyphs are paths; matplotlib keeps each text as a comment beside them.
+    for text in ("time since 2026-11-30 03:00:00.000 UTC (s)", "role (engine log)", "Log events by role",
+                 "prefill", "decode", "abort_sent", "thread_death"):
+        assert f"<!-- {text} -->" in svg, text
+    assert fx.report.timeline_plot(events, T0) == svg  # the same frame, the same bytes
+    assert TOKEN not in svg and str(ROOM) not in svg  # messages and rooms are not drawn
+    assert fx.report.timeline_plot(events.iloc[:0], T0) is None
+    assert fx.report.timeline_plot(None, T0) is None and fx.report.timeline_plot(events, None) is None
+    untimed = events.assign(ts=pd.NaT)
+    assert fx.report.timeline_plot(untimed, T0) is None

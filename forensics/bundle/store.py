@@ -75,6 +75,8 @@ def write_bundle(evidence: Evidence, out: str | os.PathLike[str], *, status: str
 
     Frames go first, the manifest last: a folder without ``manifest.json`` is a collection
     that did not finish, and ``open`` says so.
+
+    Example: ``fx.bundle.write(fx.collect("inventory.toml", since="30m"), "incident-2026-11-30")``
     """
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -132,7 +134,10 @@ def _decode(value: Any) -> Any:
 
 
 def open_bundle(folder: str | os.PathLike[str], *, verify: bool = True) -> Evidence:
-    """Read a bundle back as :class:`Evidence`; every file is checked against its SHA-256."""
+    """Read a bundle back as :class:`Evidence`; every file is checked against its SHA-256.
+
+    Example: ``fx.bundle.open("incident-2026-11-30").frame("events")``
+    """
     folder = Path(folder)
     manifest = read_manifest(folder)
     frames: dict[str, pd.DataFrame] = {}

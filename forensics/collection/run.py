@@ -90,6 +90,8 @@ def collect(target: Any, *, options: CollectOptions | None = None, progress: Pro
 
     Keyword arguments are :class:`CollectOptions` fields (``since="30m"``, ``sample_s=8``).
     Never raises for a piece that fails: the piece becomes a Gap and the rest is kept.
+
+    Example: ``evidence = fx.collect("docs/examples/pd-two-node.toml", since="30m", sample_s=8)``
     """
     from forensics.logs import timewindow
 

@@ -14,7 +14,10 @@ from .verdict import Verdict
 def diagnose(evidence: Evidence | None = None, *, inventory: Any = None, bundle: Any = None,
              **collect_options: Any) -> Verdict:
     """The verdict on ``evidence``; or on a bundle folder (``bundle=``); or, live, on an
-    inventory or twin (``inventory=``: collected first with ``collect_options``)."""
+    inventory or twin (``inventory=``: collected first with ``collect_options``).
+
+    Example: ``fx.diagnose(bundle="incident-2026-11-30").verdict``
+    """
     given = [x is not None for x in (evidence, inventory, bundle)]
     if sum(given) != 1:
         raise UsageProblem("diagnose needs exactly one of: evidence, inventory=, bundle=")

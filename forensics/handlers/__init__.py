@@ -52,7 +52,10 @@ def resolve_source(release):
 
 
 def map_release(release):
-    """The :class:`~forensics.handlers.handler_map.HandlerMap` of one release or source tree."""
+    """The :class:`~forensics.handlers.handler_map.HandlerMap` of one release or source tree.
+
+    Example: ``fx.handlers.map_release("0.5.15").findings``
+    """
     from forensics.handlers.handler_map import build
 
     return build(resolve_source(release))
@@ -64,6 +67,8 @@ def diff(release, a: str = "nixl", b: str = "mooncake", *, confirm: bool = False
     With ``confirm=True`` each critical NIXL prefill finding is replayed in the engine
     sandbox and its word ("died: ...", "survived", "not confirmed (...)") is shown beside
     the static verdict.
+
+    Example: ``fx.handlers.diff("0.5.15", "nixl", "mooncake", confirm=True).headline()``
     """
     from forensics.handlers.side_by_side import build_diff
 
@@ -77,14 +82,26 @@ def diff(release, a: str = "nixl", b: str = "mooncake", *, confirm: bool = False
     return build_diff(handler_map, a, b, findings)
 
 
-def matrix(releases=None, **options):
-    """Per release x backend (default: every 0.5.x release on PyPI): see :mod:`forensics.handlers.release_matrix`."""
+def matrix(releases=None, *, progress=None, **options):
+    """Per release x backend (default: every 0.5.x release on PyPI): a :class:`~forensics.handlers.release_matrix.HandlerMatrix`.
+
+    Releases not in the cache are fetched (about a minute for all of them the first time).
+    ``progress`` says how that shows: None (the default) a tqdm bar under IPython or Jupyter
+    and nothing from a plain script; True a bar anywhere; False nothing; a callable is called
+    with each release once it is mapped. Other options (``workers``, ``use_cache``): see
+    :func:`forensics.handlers.release_matrix.matrix`.
+
+    Example: ``fx.handlers.matrix(["0.5.12.post1", "0.5.13", "0.5.16"]).window_text("nixl")``
+    """
     from forensics.handlers.release_matrix import matrix as build_matrix
+    from forensics.progress import step_reporter
     from forensics.sglang_source import available_releases
 
     if releases is None:
         releases = available_releases("0.5.1", "0.5.23")
-    return build_matrix(releases, **options)
+    releases = list(releases)
+    with step_reporter(progress, len(releases), "handlers matrix", unit="release") as step:
+        return build_matrix(releases, progress=step, **options)
 
 
 def check(release):
@@ -95,5 +112,7 @@ def check(release):
     line). No findings alone does not mean clean. Raises
     :class:`~forensics.handlers.handler_map.NoDisaggregationCode` (INCONCLUSIVE) for a tree
     without disaggregation code.
+
+    Example: ``fx.handlers.check("checkouts/sglang-fork").exit_status``
     """
     return map_release(release)

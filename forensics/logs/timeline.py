@@ -288,6 +288,8 @@ def scan(sources: Iterable[str | os.PathLike | LogSource] | str | os.PathLike | 
     (``30m``); ``last`` (``30m``) keeps the last stretch of the logs themselves
     (see ``timewindow``). Events without any time are kept whatever the window, and
     counted in a note.
+
+    Example: ``fx.logs.scan(["prefill.log", "decode.log.1.gz"], tz="UTC").assess()``
     """
     bounds = timewindow.window(since, until, last, tz)  # bad bounds fail before any reading
     if isinstance(sources, (str, os.PathLike, LogSource)):

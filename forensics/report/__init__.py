@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from .investigation import KINDS, MANIFEST, SCHEMA, Investigation, Part
 from .pdf import pdf_text
+from .plots import gauges_plot, probes_plot, timeline_plot
 from .postmortem import Postmortem, build
 from .writer import FORMATS, parse_formats, write_report
 
-__all__ = ["FORMATS", "KINDS", "MANIFEST", "SCHEMA", "Investigation", "Part", "Postmortem", "build", "parse_formats",
-           "pdf_text", "write_report"]
+__all__ = ["FORMATS", "KINDS", "MANIFEST", "SCHEMA", "Investigation", "Part", "Postmortem", "build", "gauges_plot",
+           "parse_formats", "pdf_text", "probes_plot", "timeline_plot", "write_report"]

@@ -61,7 +61,10 @@ class Part:
 
 
 class Investigation:
-    """An investigation folder: open or create it, add parts, read them back."""
+    """An investigation folder: open or create it, add parts, read them back.
+
+    Example: ``inv = fx.report.Investigation("incident-42", target="pd-prod-7", release="0.5.15")``
+    """
 
     def __init__(self, directory: str | os.PathLike[str], *, target: str | None = None,
                  release: str | None = None, backend: str | None = None, title: str | None = None,

@@ -97,6 +97,47 @@ def gauges_plot(metrics: pd.DataFrame | None, t0: pd.Timestamp | None) -> str | 
         return figure_svg(figure)
 
 
+ROLE_ORDER = ("prefill", "decode", "router")  # the request's path, top to bottom; other roles follow by name
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+
+
+def timeline_plot(events: pd.DataFrame | None, t0: pd.Timestamp | None) -> str | None:
+    """Log events over time (s) by role, one colour and marker per signature: where the death sits.
+
+    ``events`` is an events frame (``fx.logs.scan(...).events`` or ``evidence.frame("events")``:
+    columns ts, role, signature); rows without a time are left out. None when there is nothing
+    to draw (no frame, no timed row, no ``t0``).
+
+    Example: ``fx.report.timeline_plot(scan.events, scan.events["ts"].min())`` (SVG text)
+    """
+    if events is None or not len(events) or t0 is None or not {"ts", "role", "signature"} <= set(events.columns):
+        return None
+    import matplotlib
+
+    timed = events[events["ts"].notna()]
+    if not len(timed):
+        return None
+    frame = pd.DataFrame({"ts": timed["ts"], "role": timed["role"].fillna("unknown").astype(str),
+                          "signature": timed["signature"].fillna("unknown").astype(str)}).reset_index(drop=True)
+    order = [r for r in ROLE_ORDER if (frame["role"] == r).any()] + sorted(set(frame["role"]) - set(ROLE_ORDER))
+    rows = {role: position for position, role in enumerate(reversed(order))}  # the first role on top
+    with matplotlib.rc_context(_RC):
+        figure, axes = _figure(height=max(1.6, 0.55 * len(order) + 1.0))
+        colours = matplotlib.colormaps["tab10"]
+        for index, signature in enumerate(sorted(set(frame["signature"]))):
+            sub = frame[frame["signature"] == signature].sort_values("ts", kind="mergesort")
+            axes.scatter(_seconds(sub["ts"], t0), [rows[r] for r in sub["role"]], s=22, label=signature,
+                         color=colours(index % 10), marker=_MARKERS[index % len(_MARKERS)])
+        axes.set_yticks(list(rows.values()), list(rows))
+        axes.set_ylim(-0.6, len(order) - 0.4)
+        axes.set_xlabel(f"time since {_label(t0)} (s)")
+        axes.set_ylabel("role (engine log)")
+        axes.set_title("Log events by role")
+        axes.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7, title="signature",
+                    title_fontsize=7)
+        return figure_svg(figure)
+
+
 def _label(t0: pd.Timestamp) -> str:
     from .timefmt import utc
 

@@ -480,10 +480,13 @@ def _fate(cell: Any) -> str:
 
 
 def _plots(x: _Inputs, first: pd.Timestamp | None) -> Section:
-    from .plots import gauges_plot, probes_plot
+    from .plots import gauges_plot, probes_plot, timeline_plot
 
     t0 = _t0(x)
     blocks: list = []
+    svg = timeline_plot(x.frame("events"), t0)
+    if svg:
+        blocks.append(Plot("timeline", "Log events by role and signature over time (s)", svg))
     svg = probes_plot(x.frame("probes"), t0)
     if svg:
         blocks.append(Plot("probes", "Liveness versus health: probe wait (s) over time (s)", svg))
@@ -493,7 +496,7 @@ def _plots(x: _Inputs, first: pd.Timestamp | None) -> Section:
     for name, text in sorted(x.plots.items()):
         about = next((p.about for p in x.inv.of_kind("plot") if p.name == name), name)
         blocks.append(Plot(name, about, text))
-    return Section("plots", "Appendix E: plots", blocks or [Para("No plots: no probes, gauges or saved plots.")])
+    return Section("plots", "Appendix E: plots", blocks or [Para("No plots: no log events, probes, gauges or saved plots.")])
 
 
 def _t0(x: _Inputs) -> pd.Timestamp | None:

@@ -29,7 +29,10 @@ def parse_formats(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
 
 def write_report(investigation: Investigation | str | os.PathLike[str], out: str | os.PathLike[str],
                  formats: str | tuple[str, ...] = FORMATS) -> dict[str, Path]:
-    """Write the report; returns each format's file."""
+    """Write the report; returns each format's file.
+
+    Example: ``fx.report.write_report("incident-42", "incident-42/report", formats="md,html")``
+    """
     from . import html, markdown
     from .postmortem import build
 

@@ -88,6 +88,8 @@ class EngineSandbox:
     machine without NIXL (``nixl`` unimportable, a recording stand-in agent). Raises
     :class:`SandboxError` when the release cannot be set up here (the message names the
     missing piece), which callers report as INCONCLUSIVE.
+
+    Example: ``with fx.sandbox.EngineSandbox("0.5.15") as sb: sb.create_rooms([1, 2])``
     """
 
     def __init__(self, source, *, backend: str = "nixl", conn_file: str | Path | None = None,

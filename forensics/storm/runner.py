@@ -97,6 +97,8 @@ def run_storm(target: Any, *, yes: bool = False, progress: Progress | None = Non
     Options are :func:`make_plan`'s (``sessions``, ``kill_after``, ``cycles``, ``phase``,
     ``waves``, ``wave_interval``, ``prompt_tokens``, ``max_tokens``, ``mode``,
     ``session_timeout``, ``settle``, ``sample_s``).
+
+    Example: ``fx.storm.run_storm(twin, sessions=6, phase="kv", kill_after=0).summary()``
     """
     plan = make_plan(target, **options)
     if not plan.twin and not yes:

@@ -462,6 +462,8 @@ def up(
 
     Raises :class:`TwinError` (nothing left running) for a busy port, a release that cannot
     be fetched, or a backend the release or the twin lacks.
+
+    Example: ``twin = fx.twin.up("0.5.15", waiting_timeout=15); twin.status()``
     """
     from forensics.sglang_source import fetch
 
@@ -594,7 +596,10 @@ def build_inventory(settings: TwinSettings, inventory_path: Path) -> inventory_m
 
 
 def attach(inventory_path: str | Path) -> Deployment:
-    """The twin described by an inventory file written by :func:`up`."""
+    """The twin described by an inventory file written by :func:`up`.
+
+    Example: ``fx.twin.attach("pd-twin/inventory.toml").status()``
+    """
     inv = inventory_mod.load(inventory_path)
     if not inv.is_twin:
         raise TwinError(f"{inventory_path}: not a twin's inventory (no [twin] table)")

@@ -41,6 +41,8 @@ def validate(target: Any, *, deploy: bool = False, yes: bool = False, cycles: in
     liveness included). ``probe_deadline_s``: the liveness probe's deadline after each cycle
     (the collection's default otherwise). Other options are the storm's (``phase``,
     ``prompt_tokens``, ``max_tokens``, ``mode``, ``sample_s``, ...).
+
+    Example: ``fx.validate(twin, deploy=True, cycles=2, sessions=6).status``
     """
     from forensics.collection.run import as_inventory
     from forensics.storm import ConfirmationNeeded, run_storm
