@@ -33,6 +33,7 @@ _LAZY_SUBMODULES = {
     "redact",
     "patch",  # fx.patch.diff/apply/verify/deploy/status/rollback: facade over patched_engine
     "report",
+    "demo",  # fx.demo.run(...): the whole story on a twin, as `forensics demo` runs it
     "storm",  # fx.storm.run_storm(...): a function named like the package would be replaced by it on import
 }
 

@@ -1,10 +1,14 @@
-"""The incident demo: one killed client wedges a vulnerable twin; the patched twin survives.
+"""The incident demo: the whole story on one twin, from the wedge to the postmortem.
 
-Everything here is library calls a notebook could make: the twin (``forensics.twin``)
-runs sglang's own bootstrap loop, a client is killed while its KV transfer is pending,
-and the log forensics (``forensics.logs``) reads the twin's own log files to prove
-what happened. The demo only watches: each step records what it saw, and the story
-holds when the vulnerable twin wedged and the patched one did not.
+Six stages, each only library calls a notebook could make: **reproduce** (one client killed
+while its KV transfer is pending wedges an unpatched twin running sglang's own bootstrap
+loop; ``/health`` stays 200), **diagnose** (``fx.collect`` + ``fx.diagnose``: WEDGED),
+**diff** (the NIXL and Mooncake loops side by side, the ABORT gap replayed in the engine
+sandbox), **patch** (the codemod verified in the sandbox, deployed to the wedged twin, and
+the same kill survived), **validate** (a storm campaign on the patched twin: PASS) and
+**report** (the postmortem from the investigation the stages filled). The demo only
+watches: each step records what it saw, and the story holds when every step saw what the
+incident predicts.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ Progress = Callable[[str], None]
 
 @dataclass
 class Step:
-    twin: str  # "vulnerable" | "patched"
+    stage: str  # one of STAGES
     name: str
     ok: bool
     detail: str
@@ -37,7 +41,9 @@ class DemoResult:
     release: str
     steps: list[Step] = field(default_factory=list)
     summary_sentences: list[str] = field(default_factory=list)
-    directories: dict[str, str] = field(default_factory=dict)  # kept twin directories (with --dir only)
+    directories: dict[str, str] = field(default_factory=dict)  # the twin's own files
+    out: str = ""  # the demo's folder: investigation, report, demo.json
+    report: str = ""  # the postmortem's HTML file
     seconds: float = 0.0
 
     @property
@@ -47,7 +53,7 @@ class DemoResult:
     def to_dict(self) -> dict:
         return {"release": self.release, "ok": self.ok, "seconds": round(self.seconds, 2),
                 "steps": [step.__dict__ for step in self.steps], "log_summary": self.summary_sentences,
-                "directories": self.directories}
+                "directories": self.directories, "out": self.out, "report": self.report}
 
     def to_frame(self):
         import pandas as pd
@@ -61,27 +67,29 @@ class DemoResult:
         from rich.text import Text
 
         table = Table(title=f"Incident demo on the twin, sglang {self.release} (NIXL)")
-        for column in ("twin", "step", "result", "what we saw", "s"):
+        for column in ("stage", "step", "result", "what we saw", "s"):
             table.add_column(column, overflow="fold")
         for step in self.steps:
-            table.add_row(step.twin, step.name, Text("ok" if step.ok else "UNEXPECTED",
+            table.add_row(step.stage, step.name, Text("ok" if step.ok else "UNEXPECTED",
                                                      style="green" if step.ok else "bold red"),
                           Text(step.detail), f"{step.seconds:.1f}")
-        verdict = ("The story held: the vulnerable twin wedged on one killed client while /health stayed 200, "
-                   "and the patched twin survived the same kill." if self.ok else
-                   "The story did NOT hold; see the unexpected steps above.")
+        verdict = ("The story held: one killed client wedged the twin while /health stayed 200, the diagnosis "
+                   "said WEDGED, the patched engine survived the same kill and the storm campaign."
+                   if self.ok else "The story did NOT hold; see the unexpected steps above.")
         parts = [table]
         if self.summary_sentences:
             parts.append(Panel(Text("\n".join(f"• {s}" for s in self.summary_sentences)),
-                               title="What the vulnerable twin's logs say (forensics logs)", expand=False))
+                               title="What the wedged twin's logs say (forensics logs)", expand=False))
         parts.append(Text(f"{verdict} ({self.seconds:.0f} s)", style="bold green" if self.ok else "bold red"))
+        if self.report:
+            parts.append(Text(f"The postmortem: {self.report} (Markdown and PDF beside it); everything in {self.out}"))
         return Group(*parts)
 
     def _repr_html_(self) -> str:
         rows = "".join(
-            f"<tr><td>{s.twin}</td><td>{html.escape(s.name)}</td><td>{'ok' if s.ok else '<b>UNEXPECTED</b>'}</td>"
+            f"<tr><td>{s.stage}</td><td>{html.escape(s.name)}</td><td>{'ok' if s.ok else '<b>UNEXPECTED</b>'}</td>"
             f"<td>{html.escape(s.detail)}</td><td>{s.seconds:.1f}</td></tr>" for s in self.steps)
-        return (f"<table><caption>Incident demo, sglang {self.release}</caption><tr><th>twin</th><th>step</th>"
+        return (f"<table><caption>Incident demo, sglang {self.release}</caption><tr><th>stage</th><th>step</th>"
                 f"<th>result</th><th>what we saw</th><th>s</th></tr>{rows}</table>")
 
 
@@ -156,66 +164,235 @@ def kill_client_during_transfer_wait(deployment, prompt_tokens: int = 20000, tim
 
 # ------------------------------------------------------------------------------ the story
 
+STAGES = ("reproduce", "diagnose", "diff", "patch", "validate", "report")
+KILL_ATTEMPTS = 3
 
-def run(release: str = "0.5.15", *, directory: str | Path | None = None, progress: Progress | None = None,
-        hang_timeout: float = 5.0) -> DemoResult:
-    """Vulnerable twin: kill one client, prove the wedge; patched twin: same kill, prove it held."""
+
+def default_out() -> Path:
+    """A fresh folder in the working directory, named by the UTC time: a demo never overwrites another."""
+    from datetime import UTC, datetime
+
+    return Path(f"forensics-demo-{datetime.now(UTC):%Y%m%d-%H%M%S}")
+
+
+def run(release: str = "0.5.15", *, out: str | Path | None = None, directory: str | Path | None = None,
+        progress: Progress | None = None, hang_timeout: float = 5.0, sessions: int = 12,
+        cycles: int = 1) -> DemoResult:
+    """The whole story on one twin of ``release``: reproduce, diagnose, diff, patch, validate, report.
+
+    ``out`` receives the investigation, the postmortem (``report/report.{md,html,pdf}``) and
+    ``demo.json`` (a fresh ``forensics-demo-<time>`` folder when not given); ``directory``
+    keeps the twin's own files (its logs included; ``out/twin`` by default). ``sessions``
+    and ``cycles`` size the validation campaign. Every stage runs and records what it saw,
+    even after an earlier one went wrong, so the report always says what was found.
+
+    Example: ``fx.demo.run("0.5.15", out="demo-out").report``
+    """
     from forensics import twin
-    from forensics.logs import scan
+    from forensics.exitcodes import environment_problem_from_os_error
+    from forensics.report import Investigation
 
     say = progress or (lambda message: None)
     result = DemoResult(release=release)
     started = time.monotonic()
-    base = Path(directory) if directory else None
+    out = Path(out) if out is not None else default_out()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise environment_problem_from_os_error(exc, str(out), "cannot write the demo folder") from None
+    result.out = str(out)
+    twin_directory = Path(directory) if directory else out / "twin"
+    investigation = Investigation(out / "investigation", target=f"twin of sglang {release}", release=release,
+                                  backend="nixl", title=f"The NIXL bootstrap wedge on sglang {release} (twin demo)")
+    story = _Story(result, say, investigation)
 
-    def step(twin_name: str, name: str, ok: bool, detail: str, since: float) -> None:
-        result.steps.append(Step(twin_name, name, ok, detail, time.monotonic() - since))
-        say(f"[{twin_name}] {name}: {detail}")
-
-    for twin_name, patched in (("vulnerable", False), ("patched", True)):
-        t0 = time.monotonic()
-        say(f"starting the {twin_name} twin (sglang {release}{', patched' if patched else ''})")
-        with twin.up(release, patched=patched, directory=(base / twin_name) if base else None) as deployment:
-            if base is not None:  # a twin directory of our own making is removed when the twin goes down
-                result.directories[twin_name] = str(deployment.directory)
-            step(twin_name, "twin up", True, f"router {deployment.router}, ready in {deployment.timings['total']:.1f} s", t0)
-            t0 = time.monotonic()
-            completed, detail = _generate(deployment.router, timeout=30.0)
-            step(twin_name, "a request before the kill", completed, detail, t0)
-            t0 = time.monotonic()
-            detail = kill_client_during_transfer_wait(deployment)
-            step(twin_name, "kill one streaming client", "decode aborted" in detail, detail, t0)
-            t0 = time.monotonic()
-            if patched:
-                alive = _wait_until(lambda: _twin_state(deployment.prefill)["bootstrap_thread_alive"], 5.0)
-                step(twin_name, "prefill bootstrap thread", bool(alive),
-                     "alive after the ABORT" if alive else "DEAD after the ABORT", t0)
-            else:
-                dead = _wait_until(lambda: _twin_state(deployment.prefill)["bootstrap_thread_alive"] is False, 20.0)
-                step(twin_name, "prefill bootstrap thread", bool(dead),
-                     "died (sglang's own bootstrap_thread)" if dead else "still alive (expected it to die)", t0)
-            t0 = time.monotonic()
-            codes = {role: _get(getattr(deployment, role) + "/health", timeout=30.0)[0]
-                     for role in ("prefill", "decode", "router")}
-            step(twin_name, "/health", all(code == 200 for code in codes.values()),
-                 ", ".join(f"{role} {code}" for role, code in codes.items()), t0)
-            t0 = time.monotonic()
-            completed, detail = _generate(deployment.router, timeout=hang_timeout if not patched else 30.0)
-            step(twin_name, "a new request after the kill", completed == patched, detail, t0)
-            t0 = time.monotonic()
-            logs = scan(sorted(deployment.directory.glob("*.log")))
-            deaths = logs.events[logs.events["signature"] == "thread_death"]
-            if patched:
-                handled = (logs.events["signature"] == "abort_received").sum()
-                # The fix held only if the ABORT reached the loop and was handled, not merely if nothing died.
-                step(twin_name, "forensics logs", len(deaths) == 0 and handled > 0,
-                     f"no thread death; {handled} ABORT handled at INFO by the patched loop", t0)
-            else:
-                found = len(deaths) > 0 and "Foreign traffic?" in str(deaths.iloc[0]["message"])
-                where = f"{Path(deaths.iloc[0]['source']).name}:{deaths.iloc[0]['line']}" if len(deaths) else "-"
-                step(twin_name, "forensics logs", found,
-                     f"thread death found: {deaths.iloc[0]['thread']} {deaths.iloc[0]['message']} [{where}]"
-                     if found else "no thread death in the logs", t0)
-                result.summary_sentences = logs.summary().sentences
+    say(f"starting the twin (sglang {release}, unpatched)")
+    t0 = time.monotonic()
+    with twin.up(release, directory=twin_directory) as deployment:
+        result.directories["twin"] = str(deployment.directory)
+        story.step("reproduce", "twin up", True,
+                   f"router {deployment.router}, ready in {deployment.timings['total']:.1f} s", t0)
+        story.stage("reproduce", _reproduce, deployment, hang_timeout)
+        story.stage("diagnose", _diagnose, deployment, started_at=time.time() - (time.monotonic() - started))
+        story.stage("diff", _diff, release)
+        story.stage("patch", _patch, deployment, release)
+        story.stage("validate", _validate, deployment, sessions, cycles)
+    story.stage("report", _report, out)
     result.seconds = time.monotonic() - started
+    (out / "demo.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     return result
+
+
+class _Story:
+    """Records each step; runs each stage so that a failure is a step, and the stages after it still run."""
+
+    def __init__(self, result: DemoResult, say: Progress, investigation) -> None:
+        self.result, self.say, self.investigation = result, say, investigation
+        self.deaths_before_patch = 0  # thread deaths the wedge left in the logs (tracebacks carry no time)
+
+    def step(self, stage: str, name: str, ok: bool, detail: str, since: float) -> None:
+        self.result.steps.append(Step(stage, name, bool(ok), detail, time.monotonic() - since))
+        self.say(f"[{stage}] {name}: {detail}")
+
+    def stage(self, stage: str, body, *args, **kwargs) -> None:
+        self.say(f"[{stage}] ...")
+        t0 = time.monotonic()
+        try:
+            body(self, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - one stage's failure is recorded; the story goes on
+            # The exception's words are the evidence a reader needs; later stages still run.
+            self.step(stage, "stopped", False, f"{type(exc).__name__}: {exc}", t0)
+
+
+def _bootstrap_alive(deployment) -> bool | None:
+    return _twin_state(deployment.prefill)["bootstrap_thread_alive"]
+
+
+def _health_codes(deployment) -> dict[str, int]:
+    return {role: _get(getattr(deployment, role) + "/health", timeout=30.0)[0] for role in ("prefill", "decode", "router")}
+
+
+def _reproduce(story: _Story, deployment, hang_timeout: float) -> None:
+    from forensics.logs import scan
+
+    t0 = time.monotonic()
+    completed, detail = _generate(deployment.router, timeout=30.0)
+    story.step("reproduce", "a request before the kill", completed, detail, t0)
+    t0 = time.monotonic()
+    attempts, detail = 0, ""
+    # On a loaded machine a kill can land outside the transfer wait, and then nothing is
+    # aborted: kill another client, as a storm would.
+    while attempts < KILL_ATTEMPTS and _bootstrap_alive(deployment):
+        attempts += 1
+        detail = kill_client_during_transfer_wait(deployment)
+        _wait_until(lambda: _bootstrap_alive(deployment) is False, 20.0)
+    story.step("reproduce", "kill one streaming client", "decode aborted" in detail,
+               detail + (f" ({attempts} clients killed)" if attempts > 1 else ""), t0)
+    t0 = time.monotonic()
+    dead = _bootstrap_alive(deployment) is False
+    story.step("reproduce", "prefill bootstrap thread", dead,
+               "died (sglang's own bootstrap_thread)" if dead else "still alive (expected it to die)", t0)
+    t0 = time.monotonic()
+    codes = _health_codes(deployment)
+    story.step("reproduce", "/health", all(code == 200 for code in codes.values()),
+               ", ".join(f"{role} {code}" for role, code in codes.items()), t0)
+    t0 = time.monotonic()
+    completed, detail = _generate(deployment.router, timeout=hang_timeout)
+    story.step("reproduce", "a new request after the kill", not completed, detail, t0)
+    t0 = time.monotonic()
+    logs = scan(sorted(deployment.directory.glob("*.log")))
+    deaths = logs.events[logs.events["signature"] == "thread_death"]
+    found = len(deaths) > 0 and "Foreign traffic?" in str(deaths.iloc[0]["message"])
+    where = f"{Path(deaths.iloc[0]['source']).name}:{deaths.iloc[0]['line']}" if len(deaths) else "-"
+    story.deaths_before_patch = len(deaths)
+    story.step("reproduce", "forensics logs", found,
+               f"thread death found: {deaths.iloc[0]['thread']} {deaths.iloc[0]['message']} [{where}]"
+               if found else "no thread death in the logs", t0)
+    story.result.summary_sentences = logs.summary().sentences
+
+
+def _diagnose(story: _Story, deployment, started_at: float) -> None:
+    import forensics as fx
+
+    t0 = time.monotonic()
+    evidence = fx.collect(deployment, since=started_at, sample_s=2)
+    verdict = fx.diagnose(evidence)
+    story.investigation.add_bundle(evidence, about="collected from the wedged twin")
+    story.investigation.add_verdict(verdict, about="the wedged twin's diagnosis")
+    reason = verdict.reasons[0] if verdict.reasons else ""
+    story.step("diagnose", "collect + diagnose", verdict.verdict == "WEDGED",
+               f"{verdict.verdict}" + (f": {reason}" if reason else ""), t0)
+
+
+def _diff(story: _Story, release: str) -> None:
+    import forensics as fx
+
+    t0 = time.monotonic()
+    handler_diff = fx.handlers.diff(release, confirm=True)
+    story.investigation.add_handler_diff(handler_diff)
+    headline = handler_diff.headline()
+    gap = next((line for line in headline if "ABORT" in line and "dies" in line), None)
+    story.step("diff", "NIXL vs Mooncake handlers", gap is not None,
+               (gap or f"no ABORT gap found; first finding: {headline[0] if headline else '-'}")
+               + " (confirmed in the engine sandbox)" * bool(gap and _confirmed(handler_diff)), t0)
+
+
+def _confirmed(handler_diff) -> bool:
+    """Whether the sandbox replay saw the NIXL prefill loop die, as the static finding says."""
+    return any(str(finding.confirmation or "").startswith("died") for finding in handler_diff.findings)
+
+
+def _patch(story: _Story, deployment, release: str) -> None:
+    import forensics as fx
+    from forensics.logs import scan
+
+    t0 = time.monotonic()
+    verified = fx.patch.verify(release)
+    story.step("patch", "verify in the engine sandbox", verified.status == "pass",
+               f"{verified.status.upper()}: " + "; ".join(verified.reasons[:2]), t0)
+    t0 = time.monotonic()
+    record = fx.patch.deploy(deployment)
+    story.step("patch", "deploy to the wedged twin", record.status == "deployed",
+               f"{record.status}: " + ", ".join(step.name for step in record.steps), t0)
+    t0 = time.monotonic()
+    # The requests the wedge stranded at the decode fail once it notices the restarted prefill;
+    # their failures would pass for our kill's, so the proof is the prefill's own line: an
+    # ABORT it received and handled. Kill again (as a storm would) until one arrives.
+    _wait_until(lambda: _twin_state(deployment.decode)["transfer_queue"] == 0, 60.0)
+    handled_before, attempts, detail = _aborts_handled(deployment), 0, ""
+    while attempts < KILL_ATTEMPTS and _aborts_handled(deployment) == handled_before:
+        attempts += 1
+        detail = kill_client_during_transfer_wait(deployment)
+        _wait_until(lambda: _aborts_handled(deployment) > handled_before, 20.0)
+    received = _aborts_handled(deployment) > handled_before
+    story.step("patch", "the same kill", received,
+               (detail if received else "no ABORT reached the patched prefill")
+               + (f" ({attempts} clients killed)" if attempts > 1 else ""), t0)
+    t0 = time.monotonic()
+    alive = _wait_until(lambda: _bootstrap_alive(deployment), 5.0)
+    story.step("patch", "prefill bootstrap thread", bool(alive),
+               "alive after the ABORT" if alive else "DEAD after the ABORT", t0)
+    t0 = time.monotonic()
+    completed, detail = _generate(deployment.router, timeout=30.0)
+    story.step("patch", "a new request after the kill", completed, detail, t0)
+    t0 = time.monotonic()
+    logs = scan(sorted(deployment.directory.glob("*.log")))
+    deaths = int((logs.events["signature"] == "thread_death").sum()) - story.deaths_before_patch
+    handled = int((logs.events["signature"] == "abort_received").sum())
+    # The fix held only if the ABORT reached the loop and was handled, not merely if nothing died.
+    story.step("patch", "forensics logs", deaths == 0 and handled > 0,
+               f"{deaths} thread deaths since the deploy; {handled} ABORT handled at INFO by the patched loop", t0)
+
+
+def _aborts_handled(deployment) -> int:
+    """How many ABORTs the prefill's loop has logged as received (the patched loop logs each)."""
+    from forensics.logs import scan
+
+    events = scan([deployment.directory / "prefill.log"]).events
+    return int((events["signature"] == "abort_received").sum())
+
+
+def _validate(story: _Story, deployment, sessions: int, cycles: int) -> None:
+    import forensics as fx
+
+    t0 = time.monotonic()
+    # Prompts long enough (about a second of the twin's prefill) that every killed client is
+    # still waiting for its first token, so each kill is an abort at the decode; shorter ones
+    # can finish before the nemesis strikes, and a campaign without aborts proves nothing.
+    # The killed clients' prefills still run after the storm (sglang does not cancel them), so a
+    # liveness request waits behind them: give it the time they take.
+    campaign = fx.validate(deployment, cycles=cycles, sessions=sessions, prompt_tokens=6000, max_tokens=16,
+                           phase="kv", kill_after=0, sample_s=3, probe_deadline_s=30)
+    story.investigation.add_campaign(campaign, about="the patched twin under the abort storm")
+    story.step("validate", f"campaign, {sessions} sessions x {cycles} cycle(s)", campaign.status == "PASS",
+               campaign.summary(), t0)
+
+
+def _report(story: _Story, out: Path) -> None:
+    from forensics.report import write_report
+
+    t0 = time.monotonic()
+    written = write_report(story.investigation, out / "report", formats="md,html,pdf")
+    story.result.report = str(written.get("html", ""))
+    story.step("report", "postmortem", all(path.is_file() and path.stat().st_size > 0 for path in written.values()),
+               ", ".join(str(path) for path in written.values()), t0)

@@ -75,7 +75,7 @@ CASES = [
     ("twin status", 2, "--inventory"),
     # demo
     ("demo --no-such-option", 2, "no-such-option"),
-    ("demo --dir {unwritable_dir}", 4, "pd-forensics-cannot-write"),
+    ("demo --out {unwritable_dir}", 4, "pd-forensics-cannot-write"),
 ]
 
 

@@ -11,6 +11,7 @@ import sys
 import pandas as pd
 import pytest
 
+from forensics.demo import STAGES
 from forensics.logs import incident as gen
 
 
@@ -100,21 +101,39 @@ def test_logs_bad_time_zone_is_a_usage_error(incident_logs):
 
 @pytest.mark.server
 @pytest.mark.timeout(420)
-def test_demo_tells_the_story_on_the_twin(tmp_path):
-    done = run_cli("demo", "--json", "--dir", str(tmp_path), timeout=400)
+def test_demo_tells_the_whole_story_on_the_twin(tmp_path):
+    out = tmp_path / "demo"
+    done = run_cli("demo", "--json", "--out", str(out), "--sessions", "8", timeout=400)
     document = json.loads(done.stdout)
-    steps = {(s["twin"], s["name"]): s for s in document["steps"]}
-    assert steps[("vulnerable", "prefill bootstrap thread")]["ok"], steps
-    assert "hung" in steps[("vulnerable", "a new request after the kill")]["detail"]
-    assert "Foreign traffic?" in steps[("vulnerable", "forensics logs")]["detail"]
-    assert steps[("vulnerable", "/health")]["detail"] == "prefill 200, decode 200, router 200"
-    assert steps[("patched", "a new request after the kill")]["ok"]
-    assert re.search(r"no thread death; [1-9]\d* ABORT handled", steps[("patched", "forensics logs")]["detail"])
-    assert document["ok"] is True and done.returncode == 0
+    steps = {(s["stage"], s["name"]): s for s in document["steps"]}
+    assert [stage for stage in dict.fromkeys(s["stage"] for s in document["steps"])] == list(STAGES)
+    # reproduce: one killed client, the thread dead, /health still 200, a new request hung
+    assert steps[("reproduce", "prefill bootstrap thread")]["ok"], steps
+    assert "hung" in steps[("reproduce", "a new request after the kill")]["detail"]
+    assert "Foreign traffic?" in steps[("reproduce", "forensics logs")]["detail"]
+    assert steps[("reproduce", "/health")]["detail"] == "prefill 200, decode 200, router 200"
+    # diagnose, diff, patch, validate: each saw what the incident predicts
+    assert steps[("diagnose", "collect + diagnose")]["detail"].startswith("WEDGED")
+    assert "ABORT" in steps[("diff", "NIXL vs Mooncake handlers")]["detail"]
+    assert steps[("patch", "deploy to the wedged twin")]["detail"].startswith("deployed")
+    assert steps[("patch", "a new request after the kill")]["ok"]
+    assert re.search(r"^0 thread deaths since the deploy; [1-9]\d* ABORT handled",
+                     steps[("patch", "forensics logs")]["detail"])
+    assert document["ok"] is True and done.returncode == 0, [s for s in document["steps"] if not s["ok"]]
     assert document["status"] == "pass" and document["exit"] == 0
+    # what it left: the investigation the report was written from, and the report in three formats
+    verdict = json.loads((out / "investigation" / "verdicts" / "incident.json").read_text())
+    assert verdict["verdict"] == "WEDGED"
+    campaign = json.loads((out / "investigation" / "campaigns" / "validation" / "campaign.json").read_text())
+    assert campaign["campaign"] == "PASS" and campaign["aborts"] >= 1
+    assert document["report"] == str(out / "report" / "report.html")
+    for name in ("report.md", "report.html", "report.pdf"):
+        assert (out / "report" / name).stat().st_size > 0, name
+    report = (out / "report" / "report.md").read_text()
+    assert "WEDGED" in report and "1970" not in report  # the evidence window starts when the demo did
+    assert json.loads((out / "demo.json").read_text())["ok"] is True
     # The twin draws 63-bit rooms; the likely trigger must name one its own decode log holds.
     trigger = [s for s in document["log_summary"] if s.startswith("Likely trigger")]
     assert trigger, document["log_summary"]
     room = re.search(r"for room (\d+) ", trigger[0]).group(1)
-    decode_log = (tmp_path / "vulnerable").rglob("decode*.log")
-    assert any(f"bootstrap_room={room} " in path.read_text() for path in decode_log), room
+    assert f"bootstrap_room={room} " in (out / "twin" / "decode.log").read_text(), room

@@ -205,6 +205,12 @@ def test_bounds_read_like_journalctl(text, expected):
     assert timewindow.parse_bound(text, "UTC", now=now) == expected
 
 
+@pytest.mark.parametrize("number", [1751371200, 1751371200.0])
+def test_a_number_is_epoch_seconds(number):
+    # As time.time() gives it (a notebook passes one); pandas alone reads a number as nanoseconds.
+    assert timewindow.parse_bound(number) == pd.Timestamp("2025-07-01 12:00:00", tz="UTC")
+
+
 def test_naive_bounds_are_read_in_the_given_zone():
     assert timewindow.parse_bound("2025-07-01 14:00", "Europe/Berlin") == pd.Timestamp("2025-07-01 12:00", tz="UTC")
 

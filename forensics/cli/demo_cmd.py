@@ -1,4 +1,4 @@
-"""``forensics demo``: the incident on the local twin, vulnerable then patched, in under a minute."""
+"""``forensics demo``: the whole incident story on the local twin, from the wedge to the postmortem."""
 
 from __future__ import annotations
 
@@ -10,18 +10,25 @@ from forensics.exitcodes import BAD, GOOD
 
 @click.command()
 @click.option("--sglang", "release", default="0.5.15", show_default=True, help="sglang release the twin runs.")
-@click.option("--dir", "directory", type=click.Path(file_okay=False), help="Keep the twins' files here.")
+@click.option("--out", "out", type=click.Path(file_okay=False),
+              help="Write the investigation, the report and demo.json here [default: ./forensics-demo-<UTC time>].")
+@click.option("--dir", "directory", type=click.Path(file_okay=False),
+              help="Keep the twin's own files (its logs) here [default: OUT/twin].")
+@click.option("--sessions", default=12, show_default=True, type=click.IntRange(1, 500),
+              help="Storm sessions per validation cycle.")
+@click.option("--cycles", default=1, show_default=True, type=click.IntRange(1, 20), help="Validation cycles.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else there.")
-def command(release, directory, as_json):
-    """Wedge a vulnerable twin with one killed client, then show the patched twin surviving it."""
+def command(release, out, directory, sessions, cycles, as_json):
+    """Reproduce the wedge on a twin, diagnose it, diff the handlers, patch, validate, write the postmortem."""
     from forensics import demo
 
+    options = {"out": out, "directory": directory, "sessions": sessions, "cycles": cycles}
     if as_json:
-        result = demo.run(release, directory=directory)
+        result = demo.run(release, **options)
         conclude(True, GOOD if result.ok else BAD, result.to_dict())
     from forensics.cli.render import console
 
-    out = console()
-    with out.status("starting", spinner="dots") as status:
-        result = demo.run(release, directory=directory, progress=lambda message: status.update(message))
-    conclude(False, GOOD if result.ok else BAD, {}, lambda: out.print(result))
+    stream = console()
+    with stream.status("starting", spinner="dots") as status:
+        result = demo.run(release, progress=lambda message: status.update(message), **options)
+    conclude(False, GOOD if result.ok else BAD, {}, lambda: stream.print(result))

@@ -50,6 +50,10 @@ def parse_bound(text, tz: str = "UTC", option: str = "--since", now: pd.Timestam
     """One bound of a window as a tz-aware UTC time."""
     if isinstance(text, pd.Timestamp):
         stamp = text
+    elif isinstance(text, (int, float)) and not isinstance(text, bool):
+        # A number is epoch seconds, as documented (time.time()); pandas alone would read it as
+        # nanoseconds and put the bound in 1970.
+        stamp = pd.Timestamp(text, unit="s", tz="UTC")
     elif not isinstance(text, str):
         stamp = pd.Timestamp(text)
     else:
