@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -24,6 +26,7 @@ release = "0.5.15"       # the sglang release the twin runs (unpatched)
 sessions = 6             # storm sessions per cycle
 cycles = 1               # storm cycles
 out = "notebook-out"     # where the results are saved
+confirm = False          # live only: True storms the deployment (first run without it shows the plan)
 
 # %%
 import json
@@ -60,11 +63,17 @@ print(baseline.verdict, baseline.reasons[:1])
 
 # %% [markdown]
 # ## The abort storm
-# Streaming sessions through the router, their clients killed while they wait for KV.
+# Streaming sessions through the router, their clients killed while they wait for KV. A storm can
+# wedge a vulnerable engine: on a live deployment this cell shows the plan and stops unless the
+# parameters say `confirm = True`.
 
 # %%
-storm = fx.storm.run_storm(deployment, yes=live, sessions=sessions, cycles=cycles,
-                           prompt_tokens=1200, max_tokens=16, phase="kv", kill_after=0, sample_s=4)
+storm_options = dict(sessions=sessions, cycles=cycles, prompt_tokens=1200, max_tokens=16, phase="kv",
+                     kill_after=0, sample_s=4)
+if live and not confirm:
+    print(fx.storm.make_plan(deployment, **storm_options))
+    raise RuntimeError("shown the plan only: set confirm = True in the parameters cell to storm the deployment")
+storm = fx.storm.run_storm(deployment, yes=confirm, **storm_options)
 print(storm.summary())
 storm.history[["rid", "phase_at_kill", "phase_attributed"]]
 

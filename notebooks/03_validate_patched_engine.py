@@ -5,18 +5,21 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
 #     name: python3
 # ---
 
+# %%
 
 # %% [markdown]
 # # 03 · Validate the patched engine
 #
 # The fix's diff, deployed to a fresh unpatched twin (or, with an inventory, to a live deployment:
-# `yes=True` below is your confirmation), then the validation campaign: storm cycles, each followed
+# the plan first, and the deploy only with `confirm = True` in the parameters), then the validation campaign: storm cycles, each followed
 # by four checks, every check with the evidence behind it; A/B against an unpatched control twin.
 
 # %% tags=["parameters"]
@@ -26,6 +29,7 @@ sessions = 6             # storm sessions per cycle
 cycles = 1               # validation cycles
 out = "notebook-out"     # where the results are saved
 ab = True                # twin only: also storm a second, unpatched twin as the control (A/B)
+confirm = False          # live only: True patches, restarts and storms the deployment (without it: the plan)
 
 # %%
 import pathlib
@@ -58,7 +62,10 @@ else:
     deployment = fx.twin.up(release, waiting_timeout=15, pool_pages=160,
                             prefill_rate_tps=400, decode_rate_tps=50, decode_log_interval=10)
 print("before:", fx.patch.status(deployment).word)
-record = fx.patch.deploy(deployment, yes=live)
+record = fx.patch.deploy(deployment, yes=confirm)
+if record.status == "planned":  # a live deployment without confirm: the plan, and nothing changed
+    display(record)
+    raise RuntimeError("shown the plan only: set confirm = True in the parameters cell to deploy the patch")
 print(record.status, [step.name for step in record.steps])
 print("after:", fx.patch.status(deployment).word)
 
@@ -69,7 +76,7 @@ print("after:", fx.patch.status(deployment).word)
 # %%
 control = fx.twin.up(release, waiting_timeout=15, pool_pages=160, prefill_rate_tps=400,
                      decode_rate_tps=50, decode_log_interval=10) if ab and not live else None
-options = dict(yes=live, cycles=cycles, sessions=sessions, prompt_tokens=1200, max_tokens=16, phase="kv",
+options = dict(yes=confirm, cycles=cycles, sessions=sessions, prompt_tokens=1200, max_tokens=16, phase="kv",
                kill_after=0, sample_s=4)
 if control is not None:
     comparison = compare(control, deployment, **options)

@@ -4,7 +4,7 @@ Fast: every ``notebooks/*.ipynb`` has its py:percent pair and they agree cell fo
 jupytext), the ``.ipynb`` is committed without outputs, and every notebook has exactly one cell
 tagged ``parameters`` (papermill).
 
-Slow (``-m slow``): papermill executes each notebook (00-04) with the ``python3`` kernel (the project's
+Headless (in CI's default run, about 80 s): papermill executes each notebook (00-04) with the ``python3`` kernel (the project's
 venv) against the twin, all writing into one output folder, and the test asserts on what they
 saved, not on printed text: 01's ``verdict.json`` is WEDGED, 03's campaign is PASS (its unpatched control FAIL), 04 writes the
 report in all three formats, 00's verdict is WEDGED, 02 saves the handler
@@ -99,7 +99,6 @@ def executed(tmp_path_factory):
     return out, run
 
 
-@pytest.mark.slow
 @pytest.mark.server
 @pytest.mark.timeout(600)
 def test_01_reproduces_the_wedge(executed):
@@ -111,7 +110,6 @@ def test_01_reproduces_the_wedge(executed):
     assert (out / "bundle" / "manifest.json").is_file()
 
 
-@pytest.mark.slow
 @pytest.mark.server
 @pytest.mark.timeout(600)
 def test_03_validates_the_patched_engine(executed):
@@ -124,7 +122,6 @@ def test_03_validates_the_patched_engine(executed):
     assert control["campaign"] == "FAIL"  # A/B: the unpatched control wedges under the same storm
 
 
-@pytest.mark.slow
 @pytest.mark.server
 @pytest.mark.timeout(900)
 def test_04_writes_the_report(executed):
@@ -137,7 +134,6 @@ def test_04_writes_the_report(executed):
     assert "WEDGED" in (out / "report" / "report.md").read_text()
 
 
-@pytest.mark.slow
 @pytest.mark.server
 @pytest.mark.timeout(600)
 def test_00_investigates_an_incident(executed):
@@ -146,7 +142,6 @@ def test_00_investigates_an_incident(executed):
     assert json.loads((out / "investigate-verdict.json").read_text())["verdict"] == "WEDGED"
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_02_finds_and_confirms_the_gap(executed):
     out, run = executed
