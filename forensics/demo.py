@@ -332,8 +332,12 @@ def _patch(story: _Story, deployment, release: str) -> None:
                f"{verified.status.upper()}: " + "; ".join(verified.reasons[:2]), t0)
     t0 = time.monotonic()
     record = fx.patch.deploy(deployment)
+    # The record's own message ("patched 1 prefill engine(s); liveness ok"); the steps, with
+    # their paths, are in the record (demo.json would need them only to debug a failure).
     story.step("patch", "deploy to the wedged twin", record.status == "deployed",
-               f"{record.status}: " + ", ".join(step.name for step in record.steps), t0)
+               f"{record.status}: {record.message} ({len(record.steps)} steps: backup, write, compile check, "
+               "restart, a real request)" if record.status == "deployed" else
+               f"{record.status}: {record.message or record.problem}", t0)
     t0 = time.monotonic()
     # The requests the wedge stranded at the decode fail once it notices the restarted prefill;
     # their failures would pass for our kill's, so the proof is the prefill's own line: an
@@ -346,7 +350,8 @@ def _patch(story: _Story, deployment, release: str) -> None:
         _wait_until(lambda: _aborts_handled(deployment) > handled_before, 20.0)
     received = _aborts_handled(deployment) > handled_before
     story.step("patch", "the same kill", received,
-               (detail if received else "no ABORT reached the patched prefill")
+               ("client killed while its KV was pending; the decode's ABORT reached the patched prefill"
+                if received else f"no ABORT reached the patched prefill ({detail})")
                + (f" ({attempts} clients killed)" if attempts > 1 else ""), t0)
     t0 = time.monotonic()
     alive = _wait_until(lambda: _bootstrap_alive(deployment), 5.0)
@@ -395,4 +400,4 @@ def _report(story: _Story, out: Path) -> None:
     written = write_report(story.investigation, out / "report", formats="md,html,pdf")
     story.result.report = str(written.get("html", ""))
     story.step("report", "postmortem", all(path.is_file() and path.stat().st_size > 0 for path in written.values()),
-               ", ".join(str(path) for path in written.values()), t0)
+               f"{out / 'report'}: " + ", ".join(path.name for path in written.values()), t0)
