@@ -75,7 +75,7 @@ class Watcher:
                 state = engine_pieces._engine_state(engine, self.options, engine_pieces.PieceResult())
             except Exception:  # noqa: BLE001 - the version then comes from the inventory
                 state = None
-            version = (state.version if state is not None else None) or self.inventory.sglang
+            version = (state.version if state is not None else None) or engine.sglang or self.inventory.sglang
             backend = (state.backend if state is not None else None) or self.inventory.backend
             self.versions[engine.name] = (version, backend)
         return self

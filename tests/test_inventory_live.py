@@ -377,7 +377,7 @@ ERRORS = [
     (_edit('logs = { unit = "p.service" }', 'process = { pid_file = "/a" }\npid_file = "/b"'), ("process =", 0),
      "engine[0].process.pid_file", "pid_file given twice (here and as the engine's pid_file key): keep one"),
     (_edit('role = "decode"', 'role = "decode"\nnamez = "x"'), ("namez", 0),
-     "engine[1].namez", "unknown key; allowed: role, name, host, url, python, sglang_location, bootstrap_port, logs, "
+     "engine[1].namez", "unknown key; allowed: role, name, host, url, python, sglang_location, sglang, bootstrap_port, logs, "
      "log_file, unit, stderr_file, process, pid_file, restart"),
     (_edit('role = "decode"', 'role = "decode"\nname = "has space"'), ("has space", 0),
      "engine[1].name", "'has space': use letters, digits and '.', '_', '-', ':', '@'"),

@@ -36,6 +36,8 @@ def command() -> None:
 
 @command.command()
 @click.option("--sglang", "version", default="0.5.15", show_default=True, help="sglang release to run")
+@click.option("--decode-sglang", "decode_version", default=None,
+              help="the decode's release, when it differs (a rolling upgrade); the pair's frames are checked first")
 @click.option("--patched", is_flag=True, help="patch the twin's copy of nixl/conn.py with the codemod")
 @click.option("--backend", type=click.Choice(["nixl", "mooncake"]), default="nixl", show_default=True)
 @click.option("--base-port", type=int, default=None, help="router N, prefill N+1, bootstrap N+2, decode N+3")
@@ -43,21 +45,26 @@ def command() -> None:
               help="decode waiting timeout, s, positive (sglang: 300)")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None, help="twin directory")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def up(version, patched, backend, base_port, waiting_timeout, directory, as_json) -> None:
+def up(version, decode_version, patched, backend, base_port, waiting_timeout, directory, as_json) -> None:
     """Start a twin and print its URLs and inventory."""
     from forensics.twin import api
     from forensics.twin.settings import DEFAULT_WAITING_TIMEOUT_S
 
     deployment = api.up(version, patched=patched, backend=backend, base_port=base_port,
                         waiting_timeout=DEFAULT_WAITING_TIMEOUT_S if waiting_timeout is None else waiting_timeout,
-                        directory=directory)
-    data = dict(deployment.urls(), sglang=version, patched=patched, backend=backend,
+                        directory=directory, decode_sglang=decode_version)
+    data = dict(deployment.urls(), sglang=version, decode_sglang=decode_version or version, patched=patched,
+                backend=backend, pair=deployment.pair,
                 directory=str(deployment.directory), timings_s=deployment.timings,
                 pids={role: deployment.pid(role) for role in ("prefill", "decode", "router")})
     data["inventory"] = str(deployment.inventory_path)
 
     def human() -> None:
         _print(deployment)
+        if deployment.pair:
+            from forensics.twin.pair import PairCheck
+
+            click.echo(PairCheck(**{k: v for k, v in deployment.pair.items() if k != "servable"}).summary())
         click.echo(f"inventory: {deployment.inventory_path}")
 
     conclude(as_json, GOOD, data, human, word="up")

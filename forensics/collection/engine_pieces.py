@@ -215,7 +215,7 @@ def collect_engine(inventory, engine, options, bounds, releases: ReleaseCache) -
             state = _engine_state(engine, options, result)
         except Exception as exc:  # noqa: BLE001
             result.gaps.append(_bug("server_info", label, exc))
-    version = (state.version if state is not None else None) or inventory.sglang
+    version = (state.version if state is not None else None) or engine.sglang or inventory.sglang
     backend = (state.backend if state is not None else None) or inventory.backend
     releases.note_version(version)
     if "settings" in options.pieces and engine.role in ("prefill", "decode"):

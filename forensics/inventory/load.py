@@ -36,7 +36,7 @@ from .model import (
 TOP_KEYS = ("deployment", "hosts", "engine", "twin")
 DEPLOYMENT_KEYS = ("name", "sglang", "backend", "prometheus")
 ENGINE_KEYS = (
-    "role", "name", "host", "url", "python", "sglang_location", "bootstrap_port", "logs", "log_file", "unit",
+    "role", "name", "host", "url", "python", "sglang_location", "sglang", "bootstrap_port", "logs", "log_file", "unit",
     "stderr_file", "process", "pid_file", "restart",
 )
 HOST_KEYS = (
@@ -319,6 +319,7 @@ class _Checker:
             role=role, host=host, url=url, bootstrap_port=bootstrap_port, name=name,
             python=self.get(raw, where, "python", str),
             sglang_location=self.get(raw, where, "sglang_location", str),
+            sglang=self.get(raw, where, "sglang", str),
             log_file=log_file, unit=unit, logs=logs,
             stderr_file=self.get(raw, where, "stderr_file", str),
             process=title, process_cmdline=cmdline, pid_file=pid_file,

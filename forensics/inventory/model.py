@@ -143,6 +143,7 @@ class Engine:
     url: str
     python: str | None = None
     sglang_location: str | None = None
+    sglang: str | None = None  # this engine's release, when it differs from the deployment's (an upgrade)
     bootstrap_port: int | None = None
     log_file: str | None = None
     unit: str | None = None

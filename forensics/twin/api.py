@@ -31,6 +31,7 @@ from forensics.twin import processes
 from forensics.twin.settings import DEFAULT_WAITING_TIMEOUT_S, TwinSettings
 
 INVENTORY_NAME = "inventory.toml"
+PAIR_CHECK_NAME = "pair-check.json"  # a mixed-version twin: what the prefill's loop did with each decode frame
 SUPPORTED_BACKENDS = ("nixl",)
 PORT_NAMES = ("router", "prefill", "bootstrap", "decode")
 
@@ -66,7 +67,8 @@ class TwinStatus(dict):
         return said
 
     def headline(self) -> str:
-        name = f"twin sglang {self.get('sglang')}{' (patched)' if self.get('patched') else ''}"
+        decode = f" (decode {self['decode_sglang']})" if self.get("decode_sglang") else ""
+        name = f"twin sglang {self.get('sglang')}{decode}{' (patched)' if self.get('patched') else ''}"
         if self.healthy:
             return f"{name}: healthy"
         return f"{name}: UNHEALTHY: {'; '.join(self.problems()) or 'not every role answers'}"
@@ -156,6 +158,12 @@ class Deployment:
         return self.inventory.engine("router").url
 
     @property
+    def pair(self) -> dict | None:
+        """A mixed-version twin's frame check (``forensics.twin.pair``), None for a one-release twin."""
+        path = self.directory / PAIR_CHECK_NAME
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+    @property
     def prefill(self) -> str:
         return self.inventory.engine("prefill").url
 
@@ -195,6 +203,9 @@ class Deployment:
         itself in JupyterLab and rich; ``.healthy`` says whether all is well."""
         result = TwinStatus(inventory=str(self.inventory_path), sglang=self.settings.sglang,
                             patched=self.settings.patched, roles={})
+        if self.settings.decode_sglang:
+            result["decode_sglang"] = self.settings.decode_sglang
+            result["pair"] = self.pair
         for role in processes.ROLE_ORDER:
             pid = self.pid(role)
             entry = {"pid": pid, "alive": processes.ours(self.directory, role) is not None,
@@ -456,12 +467,19 @@ def up(
     base_port: int | None = None,
     waiting_timeout: float = DEFAULT_WAITING_TIMEOUT_S,
     directory: str | Path | None = None,
+    decode_sglang: str | None = None,
     **overrides,
 ) -> Deployment:
     """Start a twin (prefill, decode, router on 127.0.0.1) and return it once all three answer.
 
     Raises :class:`TwinError` (nothing left running) for a busy port, a release that cannot
     be fetched, or a backend the release or the twin lacks.
+
+    ``decode_sglang``: the decode runs another release, as during a rolling upgrade. Before
+    anything starts, the engine sandbox replays the decode release's frames into the prefill
+    release's loop (:func:`forensics.twin.pair.check_pair`): a frame every request needs that the
+    loop cannot take is refused, naming the frame; a loop that dies on the decode's ABORT is the
+    pair's expected fate (``Deployment.pair``), not a refusal. ``patched`` patches the prefill.
 
     Example: ``twin = fx.twin.up("0.5.15", waiting_timeout=15); twin.status()``
     """
@@ -487,7 +505,8 @@ def up(
         with _directory_lock(directory):
             _refuse_if_running(directory)
             return _up_in(directory, created, sglang, patched=patched, backend=backend, base_port=base_port,
-                          host=host, waiting_timeout=waiting_timeout, started=started, fetch=fetch, **overrides)
+                          host=host, waiting_timeout=waiting_timeout, started=started, fetch=fetch,
+                          decode_sglang=decode_sglang if decode_sglang != sglang else None, **overrides)
     except BaseException:
         if created:
             shutil.rmtree(directory, ignore_errors=True)
@@ -495,7 +514,8 @@ def up(
 
 
 def _up_in(directory: Path, created: bool, sglang: str, *, patched: bool, backend: str, base_port: int | None,
-           host: str, waiting_timeout: float, started: float, fetch, **overrides) -> Deployment:
+           host: str, waiting_timeout: float, started: float, fetch, decode_sglang: str | None = None,
+           **overrides) -> Deployment:
     # The launcher binds every listening socket and hands it to its process: no window in which
     # another twin can take a port between "it is free" and "the child binds it".
     wanted = {name: (base_port + i if base_port is not None else 0) for i, name in enumerate(PORT_NAMES)}
@@ -509,11 +529,12 @@ def _up_in(directory: Path, created: bool, sglang: str, *, patched: bool, backen
         if backend not in SUPPORTED_BACKENDS:
             raise TwinError(f"the twin runs the NIXL backend only (got --backend {backend}); "
                             "a mooncake twin is not built yet")
+        mixed = _decode_release(source, decode_sglang, backend, fetch, directory) if decode_sglang else {}
         site = copy_release(source.root, directory / "site-packages")
         if patched:
             _apply_patch(site, sglang)
         settings = TwinSettings(
-            directory=str(directory.resolve()), sglang=sglang, sglang_root=str(site.resolve()), backend=backend,
+            directory=str(directory.resolve()), sglang=sglang, sglang_root=str(site.resolve()), backend=backend, **mixed,
             patched=patched, host=host, router_port=ports[0], prefill_port=ports[1], bootstrap_port=ports[2],
             decode_port=ports[3], waiting_timeout_s=waiting_timeout, created_directory=created, **overrides,
         )
@@ -554,6 +575,27 @@ def _up_in(directory: Path, created: bool, sglang: str, *, patched: bool, backen
     return deployment
 
 
+def _decode_release(prefill_source, version: str, backend: str, fetch, directory: Path) -> dict:
+    """Fetch, check and copy the decode's own release for a mixed pair; the TwinSettings fields."""
+    from forensics.sandbox.errors import SandboxError
+    from forensics.twin.pair import check_pair
+
+    decode_source = fetch(version)
+    check_release_served(decode_source)
+    if backend not in decode_source.backends():
+        raise TwinError(f"sglang {version} (the decode) has no {backend} backend")
+    try:
+        pair = check_pair(prefill_source, decode_source)
+    except SandboxError as exc:
+        raise TwinError(f"prefill {prefill_source.version} / decode {version}: the frame check could not run in "
+                        f"the engine sandbox, so the pair is not started: {exc}") from None
+    if not pair.servable:
+        raise TwinError(f"prefill {prefill_source.version} / decode {version} cannot serve: {pair.refused}")
+    site = copy_release(decode_source.root, directory / "site-packages-decode")
+    (directory / PAIR_CHECK_NAME).write_text(json.dumps(pair.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return {"decode_sglang": version, "decode_sglang_root": str(site.resolve())}
+
+
 def _apply_patch(site: Path, version: str) -> None:
     """Patch the twin's copy of ``nixl/conn.py`` with the project's codemod, as a deploy would
     (backup kept beside the twin, atomic compile-checked write)."""
@@ -579,9 +621,10 @@ def build_inventory(settings: TwinSettings, inventory_path: Path) -> inventory_m
     engines = []
     for role, port in (("prefill", settings.prefill_port), ("decode", settings.decode_port),
                        ("router", settings.router_port)):
+        release, root = settings.release_of(role)
         engines.append(inventory_mod.Engine(
             role=role, host=inventory_mod.Host("local"), url=settings.url(port), python=sys.executable,
-            sglang_location=settings.sglang_root,
+            sglang_location=root, sglang=release if release != settings.sglang else None,
             bootstrap_port=settings.bootstrap_port if role == "prefill" else None,
             log_file=str(processes.log_file(directory, role)),
             stderr_file=str(processes.log_file(directory, role)),

@@ -332,7 +332,7 @@ class DecodeServer(httpserver.EngineEndpoints):
 
         self.settings = settings
         self.version = version
-        self.release = load_release(settings.sglang_root, version=version)
+        self.release = load_release(settings.release_of("decode")[1], version=version)
         self.agent = nx.make_agent(str(uuid.uuid4()), num_threads=0)
         self.pool = nx.PagePool(self.agent, settings.pool_pages, settings.page_bytes)
         self.aux = nx.PagePool(self.agent, 4096, nx.AUX_ITEM_BYTES)
@@ -420,7 +420,7 @@ class DecodeServer(httpserver.EngineEndpoints):
             "version": self.version,
             "disaggregation_mode": "decode",
             "disaggregation_transfer_backend": self.settings.backend,
-            "sglang_root": self.settings.sglang_root,
+            "sglang_root": self.settings.release_of("decode")[1],
             "internal_states": [{
                 "last_gen_throughput": 0.0,
                 "twin": {
@@ -448,7 +448,8 @@ class DecodeServer(httpserver.EngineEndpoints):
 
 def main() -> None:
     inv, settings = httpserver.process_setup("decode", "sglang::scheduler")
-    server = DecodeServer(settings, inv.sglang or settings.sglang)
+    server = DecodeServer(settings, settings.release_of("decode")[0] if settings.decode_sglang
+                          else inv.sglang or settings.sglang)
     httpserver.serve(server.app, settings.host, settings.decode_port, on_start=server.start, on_stop=server.stop)
 
 

@@ -18,6 +18,10 @@ class TwinSettings:
     directory: str
     sglang: str
     sglang_root: str  # the twin's own copy, laid out like site-packages (holds sglang/)
+    # A mixed-version twin (a rolling upgrade): the decode's release and its own copy; empty when
+    # the decode runs the prefill's release.
+    decode_sglang: str = ""
+    decode_sglang_root: str = ""
     backend: str = "nixl"
     patched: bool = False
     host: str = "127.0.0.1"
@@ -64,6 +68,12 @@ class TwinSettings:
         cls.check(data)
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+    def release_of(self, role: str) -> tuple[str, str]:
+        """(release, its copy's root) that ``role`` runs: the decode's own when the pair is mixed."""
+        if role == "decode" and self.decode_sglang:
+            return self.decode_sglang, self.decode_sglang_root
+        return self.sglang, self.sglang_root
 
     def url(self, port: int) -> str:
         return f"http://{self.host}:{port}"

@@ -1,0 +1,118 @@
+"""A mixed-version twin, as during a rolling upgrade: the prefill and the decode on different releases.
+
+0.5.15's NIXL prefill loop has no ABORT case; 0.5.16's has one. Whichever side is upgraded
+first decides the fate: a 0.5.15 prefill behind a 0.5.16 decode (which sends ABORT) wedges on
+the first abort; a 0.5.16 prefill behind a 0.5.15 decode (which sends ABORT too) survives it.
+A pair whose serving frames do not fit is refused before anything starts, naming the frame.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+from twin_helpers import kill_client_during_transfer_wait, twin_state, wait_until
+
+import forensics.twin as twin_api
+from forensics.inventory import load
+from forensics.twin import TwinError
+from forensics.twin.pair import check_pair
+
+pytestmark = [pytest.mark.server]
+TEST_SETTINGS = {"prefill_rate_tps": 400.0, "decode_rate_tps": 50.0, "waiting_timeout": 15}
+
+
+def _bootstrap_alive(twin) -> bool:
+    return twin_state(twin.prefill)["bootstrap_thread_alive"]
+
+
+def _kill_until_the_prefill_saw_an_abort(twin) -> None:
+    """Kill clients mid-transfer until the decode's ABORT has reached the prefill's loop (at most 3):
+    on a loaded machine a kill can land outside the transfer wait, and then nothing is aborted."""
+    for _ in range(3):
+        before = twin_state(twin.prefill)["frames_consumed"]
+        try:
+            kill_client_during_transfer_wait(twin)
+            wait_until(lambda seen=before: twin_state(twin.prefill)["frames_consumed"] > seen, 20,
+                       "the ABORT at the prefill")
+            return
+        except AssertionError:
+            if not _bootstrap_alive(twin):
+                return
+    raise AssertionError("three killed clients sent no ABORT to the prefill")
+
+
+def _completes(twin, timeout: float) -> bool:
+    try:
+        response = httpx.post(twin.router + "/generate", timeout=timeout,
+                              json={"text": "after the kill", "sampling_params": {"max_new_tokens": 2}})
+    except httpx.TimeoutException:
+        return False
+    return response.status_code == 200 and response.json()["meta_info"]["kv_intact"] is True
+
+
+@pytest.mark.timeout(300)
+def test_an_old_prefill_behind_a_new_decode_wedges_on_the_first_abort(tmp_path):
+    twin = twin_api.up("0.5.15", decode_sglang="0.5.16", directory=tmp_path, **TEST_SETTINGS)
+    try:
+        # Both releases are recorded: the deployment's (the prefill's) and the decode engine's own.
+        inventory = load(twin.inventory_path)
+        assert inventory.sglang == "0.5.15" and inventory.engine("decode").sglang == "0.5.16"
+        assert twin.server_info("decode")["version"] == "0.5.16"
+        assert twin.server_info("prefill")["version"] == "0.5.15"
+        assert "wedges on the first abort" in twin.pair["abort_fate"]
+        assert _completes(twin, 60)  # the pair serves until the first abort
+        _kill_until_the_prefill_saw_an_abort(twin)
+        wait_until(lambda: not _bootstrap_alive(twin), 30, "the 0.5.15 bootstrap thread to die")
+        assert "Foreign traffic?" in twin.log_text("prefill")
+        assert not _completes(twin, 5)  # wedged: a new request hangs
+    finally:
+        twin.down()
+
+
+@pytest.mark.timeout(300)
+def test_a_new_prefill_behind_an_old_decode_survives_the_same_abort(tmp_path):
+    twin = twin_api.up("0.5.16", decode_sglang="0.5.15", directory=tmp_path, **TEST_SETTINGS)
+    try:
+        assert twin.server_info("decode")["version"] == "0.5.15"
+        assert twin.pair["abort_fate"].startswith("it survives the decode's ABORT")
+        assert _completes(twin, 60)
+        _kill_until_the_prefill_saw_an_abort(twin)
+        wait_until(lambda: "marked as Failed" in twin.log_text("prefill"), 20, "0.5.16's ABORT handler")
+        assert _bootstrap_alive(twin)
+        assert _completes(twin, 60)
+        assert "Foreign traffic?" not in twin.log_text("prefill")
+    finally:
+        twin.down()
+
+
+@pytest.mark.timeout(180)
+def test_a_pair_whose_serving_frames_do_not_fit_is_refused_naming_the_frame(tmp_path):
+    # 0.5.5's prefill loop cannot parse 0.5.16's KV-args registration: every request would hang.
+    with pytest.raises(TwinError, match=r"prefill 0\.5\.5 / decode 0\.5\.16 cannot serve: .*KV-args registration"):
+        twin_api.up("0.5.5", decode_sglang="0.5.16", directory=tmp_path / "twin", **TEST_SETTINGS)
+    assert not list((tmp_path / "twin").glob("*.pid"))
+    done = subprocess.run([sys.executable, "-m", "forensics", "twin", "up", "--sglang", "0.5.5", "--decode-sglang",
+                           "0.5.16", "--dir", str(tmp_path / "cli"), "--json"], capture_output=True, text=True,
+                          timeout=170)
+    document = json.loads(done.stdout)
+    assert done.returncode == 4 and document["exit"] == 4
+    assert "KV-args registration" in document["error"]
+
+
+@pytest.mark.timeout(120)
+def test_the_pair_check_replays_each_release_s_own_frames():
+    from forensics.sglang_source import fetch
+
+    same = check_pair(fetch("0.5.16"), fetch("0.5.16"))
+    assert same.servable and same.frames == {"KV-args registration": "taken", "transfer info": "taken",
+                                             "ABORT": "taken"}
+    old_prefill = check_pair(fetch("0.5.15"), fetch("0.5.16"))
+    assert old_prefill.servable and "Foreign traffic?" in old_prefill.frames["ABORT"]
+    # A decode from before 0.5.13 sends no ABORT: nothing to die on, and the check says so.
+    quiet_decode = check_pair(fetch("0.5.15"), fetch("0.5.12"))
+    assert quiet_decode.servable and "ABORT" not in quiet_decode.frames
+    assert quiet_decode.abort_fate.startswith("no ABORT to survive")
