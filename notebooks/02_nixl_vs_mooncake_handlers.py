@@ -5,12 +5,15 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
 #     name: python3
 # ---
 
+# %%
 
 # %% [markdown]
 # # 02 · NIXL versus Mooncake: the bootstrap loops side by side
@@ -25,6 +28,7 @@ release = "0.5.15"       # the sglang release to read
 sessions = 6             # (unused here)
 cycles = 1               # (unused here)
 out = "notebook-out"     # where the results are saved
+releases = None          # the release matrix's releases (a list); None: every 0.5.x release
 
 # %%
 import json
@@ -55,10 +59,11 @@ table[table["gap"]]
 
 # %% [markdown]
 # ## The release matrix
-# Every 0.5.x release × backend (the sglang sources are fetched once, then cached).
+# Every 0.5.x release × backend (the sglang sources are fetched once, then cached; the first time
+# takes about a minute, with a progress bar).
 
 # %%
-matrix = fx.handlers.matrix()
+matrix = fx.handlers.matrix(releases)
 print("NIXL's loop dies on ABORT in:", matrix.window_text())
 matrix
 
