@@ -208,6 +208,23 @@ def test_every_sre_section_is_there_with_the_evidence_behind_it(written):
     assert "<link" not in html and "<script" not in html and "src=\"http" not in html  # self-contained
 
 
+def test_the_deciding_finding_leads_the_root_cause(investigation, tmp_path):
+    # The release's real diff: Mooncake's unknown-frame findings sort before NIXL's by name, but
+    # the ABORT the NIXL loop has no case for is what decided the incident, so it comes first.
+    import shutil
+
+    import forensics as fx
+
+    copy = tmp_path / "incident"
+    shutil.copytree(investigation, copy)
+    Investigation(copy).add_handler_diff(fx.handlers.diff("0.5.15"))
+    write_report(copy, tmp_path / "report", "md")
+    root_cause = (tmp_path / "report" / "report.md").read_text().split("## Root cause", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in root_cause.splitlines() if line.startswith("| ") and not line.startswith("| backend")
+            and not line.startswith("|---")]
+    assert len(rows) == 4 and "| ABORT |" in rows[0], rows
+
+
 def test_what_the_evidence_cannot_say_is_a_marked_placeholder_with_backed_facts_only(written):
     md = (written / "report.md").read_text()
     lessons = md.split("## Lessons learned")[1].split("## Appendix A")[0]

@@ -15,8 +15,10 @@ body { font-family: "DejaVu Sans", sans-serif; font-size: 10pt; margin: 1.5em; c
 h1 { font-size: 16pt; } h2 { font-size: 13pt; border-bottom: 1px solid #999; margin-top: 1.4em; }
 h3 { font-size: 11pt; }
 table { border-collapse: collapse; margin: 0.4em 0 0.8em 0; }
+/* break-word, not anywhere: short cells (backend, tag, fate) keep their words whole; only a token
+   too long for a line of its own is broken. */
 th, td { border: 1px solid #bbb; padding: 2px 5px; text-align: left; vertical-align: top;
-         font-size: 8.5pt; overflow-wrap: anywhere; }
+         font-size: 8.5pt; overflow-wrap: break-word; }
 th { background: #eee; }
 td.mono, li.mono { font-family: "DejaVu Sans Mono", monospace; }
 .placeholder { border: 2px dashed #c60; background: #fff6e8; padding: 0.4em 0.8em; margin: 0.5em 0; }

@@ -221,7 +221,9 @@ def _impact(x: _Inputs, first: pd.Timestamp | None) -> Section:
 
 def _root_cause(x: _Inputs) -> Section:
     blocks: list = []
-    findings = _findings(x)
+    # The deciding finding first, as the handler diff's headline orders them: a tag the loop does
+    # not handle before a loop that dies on frames nobody sends.
+    findings = sorted(_findings(x), key=lambda f: (bool(f.get("caveat")), f.get("kind") != "unhandled-tag"))
     if findings:
         rows = tuple((str(f.get("backend")), str(f.get("receiver_role")), str(f.get("tag")), str(f.get("fate")),
                       f"{f.get('file')}:{f.get('line')}", str(f.get("confirmation")),
