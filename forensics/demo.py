@@ -119,7 +119,7 @@ def _wait_until(predicate, timeout: float):
     return None
 
 
-def _generate(router: str, timeout: float, prompt_tokens: int = 64) -> tuple[bool, str]:
+def generate(router: str, timeout: float, prompt_tokens: int = 64) -> tuple[bool, str]:
     """One non-streaming request through the router: (completed, what happened)."""
     body = json.dumps({"input_ids": list(range(prompt_tokens)), "sampling_params": {"max_new_tokens": 8}}).encode()
     request = urllib.request.Request(router + "/generate", data=body, headers={"Content-Type": "application/json"})
@@ -256,7 +256,7 @@ def _reproduce(story: _Story, deployment, hang_timeout: float) -> None:
     from forensics.logs import scan
 
     t0 = time.monotonic()
-    completed, detail = _generate(deployment.router, timeout=30.0)
+    completed, detail = generate(deployment.router, timeout=30.0)
     story.step("reproduce", "a request before the kill", completed, detail, t0)
     t0 = time.monotonic()
     attempts, detail = 0, ""
@@ -277,7 +277,7 @@ def _reproduce(story: _Story, deployment, hang_timeout: float) -> None:
     story.step("reproduce", "/health", all(code == 200 for code in codes.values()),
                ", ".join(f"{role} {code}" for role, code in codes.items()), t0)
     t0 = time.monotonic()
-    completed, detail = _generate(deployment.router, timeout=hang_timeout)
+    completed, detail = generate(deployment.router, timeout=hang_timeout)
     story.step("reproduce", "a new request after the kill", not completed, detail, t0)
     t0 = time.monotonic()
     logs = scan(sorted(deployment.directory.glob("*.log")))
@@ -358,7 +358,7 @@ def _patch(story: _Story, deployment, release: str) -> None:
     story.step("patch", "prefill bootstrap thread", bool(alive),
                "alive after the ABORT" if alive else "DEAD after the ABORT", t0)
     t0 = time.monotonic()
-    completed, detail = _generate(deployment.router, timeout=30.0)
+    completed, detail = generate(deployment.router, timeout=30.0)
     story.step("patch", "a new request after the kill", completed, detail, t0)
     t0 = time.monotonic()
     logs = scan(sorted(deployment.directory.glob("*.log")))

@@ -118,7 +118,9 @@ class PrefillScheduler:
         self.settings = settings
         self.engine = loop_owner  # forensics.sandbox.prefill.PrefillLoop
         self.KVPoll = loop_owner.KVPoll
-        self.KVTransferError = loop_owner.release.module("common.conn").KVTransferError
+        # Up to 0.5.12 the NIXL path has no KVTransferError: its sender's failure_exception raises
+        # the stored error or RuntimeError("NIXL KVSender Exception"), which the scheduler prints bare.
+        self.KVTransferError = getattr(loop_owner.release.module("common.conn"), "KVTransferError", None)
         self.metrics = metrics
         self.version = version
         self.incoming: asyncio.Queue[PrefillRequest] = asyncio.Queue()
@@ -220,7 +222,7 @@ class PrefillScheduler:
         mgr = self.engine.manager
         with mgr.failure_lock:
             reason = mgr.failure_records.pop(room, None) or "NIXL KVSender Exception"
-        return str(self.KVTransferError(room, reason))
+        return str(self.KVTransferError(room, reason)) if self.KVTransferError else reason
 
     def _poll_bootstrap_queue(self) -> bool:
         moved = False

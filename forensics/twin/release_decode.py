@@ -84,7 +84,7 @@ class ReleaseDecode:
         self.conn = release.module(f"{backend}.conn")
         self.common = release.module("common.conn")
         self.KVPoll = release.module("base.conn").KVPoll
-        self.KVTransferError = self.common.KVTransferError
+        self.KVTransferError = getattr(self.common, "KVTransferError", None)  # absent up to 0.5.12
         self.receiver_class = self.conn.NixlKVReceiver
         self.pool, self.aux = pool, aux
         self.sends_abort = hasattr(self.common.CommonKVReceiver, "_send_abort_notification") or hasattr(

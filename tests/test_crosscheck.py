@@ -1,0 +1,37 @@
+"""The handler map's predictions checked on live twins at the boundary releases (CI's share).
+
+For each release and backend: a twin, the decode's own ABORT (a client killed mid-transfer,
+where the release's decode sends one) and a foreign frame at the prefill's bootstrap loop. The
+live fate must be what the map predicts from the source; an undecided outcome fails the test
+with its reason (a twin that cannot serve the release is a bug to fix, not a pass). Every
+release, slowly: ``python -m benchmarks handler_crosscheck``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from forensics.crosscheck import DIED, NOT_SENT, SURVIVED, cross_check, predict
+
+pytestmark = [pytest.mark.server]
+BOUNDARY = ["0.5.12", "0.5.13", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.20", "0.5.22", "0.5.23"]
+BACKENDS = ["nixl"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("release", BOUNDARY)
+@pytest.mark.timeout(300)
+def test_the_live_twin_does_what_the_map_predicts(release, backend):
+    checked = cross_check(release, backend, waiting_timeout=15)
+    for name, probe in (("ABORT", checked.abort), ("foreign frame", checked.foreign)):
+        assert probe.agrees is not None, f"{release} {backend} {name}: undecided: {probe.detail}"
+        assert probe.agrees, (f"{release} {backend} {name}: the map predicts {probe.predicted}, the twin "
+                              f"{probe.live} ({probe.detail})")
+
+
+def test_the_predictions_follow_the_source_at_the_incident_boundaries():
+    # Not read back from the code under test: what facts §4 says of these releases' NIXL loops.
+    assert predict("0.5.12", "nixl") == (NOT_SENT, DIED)  # no ABORT sent yet; GUARD assert on foreign
+    assert predict("0.5.15", "nixl") == (DIED, DIED)  # the incident
+    assert predict("0.5.16", "nixl") == (SURVIVED, DIED)  # ABORT handled, foreign still fatal
+    assert predict("0.5.15", "mooncake") == (SURVIVED, DIED)
