@@ -133,6 +133,13 @@ def _send_foreign(deployment, probe: Probe) -> None:
     probe.detail = "bootstrap_thread " + ("alive" if alive else "dead") + " after the frame"
 
 
+def _log_tail(deployment, lines: int = 3) -> str:
+    try:
+        return " | ".join(deployment.log_text("prefill").strip().splitlines()[-lines:])
+    except OSError as exc:
+        return f"(unreadable: {exc})"
+
+
 def cross_check(release: str, backend: str = "nixl", **twin_options) -> CrossCheck:
     """Bring up a twin of ``release`` and ``backend``, send the decode's ABORT and a foreign frame.
 
@@ -156,13 +163,16 @@ def cross_check(release: str, backend: str = "nixl", **twin_options) -> CrossChe
 
         # Recorded, not required: a release that cannot serve (0.5.12's NIXL decode waits for state
         # data its prefill never sends) still aborts a request waiting for KV, and still reads frames.
-        result.served = generate(deployment.router, timeout=60.0)[1]
-        if abort_predicted == NOT_SENT:
-            result.abort.live = NOT_SENT
-            result.abort.detail = "the release's decode sends no ABORT (from its source)"
-        else:
-            _send_abort(deployment, result.abort)
-        _send_foreign(deployment, result.foreign)
+        result.served = generate(deployment.router, timeout=30.0)[1]
+        for probe, send in ((result.abort, _send_abort), (result.foreign, _send_foreign)):
+            if probe is result.abort and abort_predicted == NOT_SENT:
+                probe.live, probe.detail = NOT_SENT, "the release's decode sends no ABORT (from its source)"
+                continue
+            try:
+                send(deployment, probe)
+            except (OSError, ValueError, KeyError) as exc:  # URLError is an OSError; bad JSON a ValueError
+                # The twin itself stopped answering: say so (undecided), with its log's last words.
+                probe.detail = f"the twin stopped answering ({exc}); prefill log ends: {_log_tail(deployment)}"
     finally:
         deployment.down()
         result.seconds = time.monotonic() - started
