@@ -40,6 +40,9 @@ FIELD_NAMES: dict[bytes, str] = {
     b"#pending-token": "pending_token",
     b"#bootstrap-req": "bootstrap_req",
     b"#inflight-req": "inflight_req",
+    # 0.5.1 - 0.5.2's PD prefill line names the same two queues differently (read from its source)
+    b"#unbootstrapped-req": "bootstrap_req",
+    b"#transferring-req": "inflight_req",
     b"#optimistic-req": "optimistic_req",
     b"#replay-token": "replay_token",
     b"waiting-image-req": "waiting_image_req",
