@@ -235,3 +235,24 @@ def test_guard_line_is_read_from_the_source(version):
         assert death[0].endswith("(bootstrap_thread_guarded):")
     # the releases the facts sheet names (§5.4)
     assert {"0.5.13": 1850, "0.5.15": 2349}.get(version, site.line) == site.line
+
+
+def test_renames_table_agrees_with_the_sources():
+    """collectors/renames.toml is read by scrapers that never see a wheel; the sources hold it to account."""
+    import tomllib
+
+    from packaging.version import Version
+
+    releases = sglang_source.available_releases("0.5.1", "0.5.23")
+    declared = {v: {s.name for s in release_metrics(v).specs} for v in releases}
+    rows = tomllib.loads(mc.RENAMES_FILE.read_text(encoding="utf-8"))["rename"]
+    assert rows
+    for row in rows:
+        since = Version(row["since"])
+        before = [v for v in releases if Version(v) < since]
+        after = [v for v in releases if Version(v) >= since]
+        assert before and after, row
+        assert row["canonical"] in declared[after[0]], row
+        assert row["canonical"] not in declared[before[-1]], row
+        assert any(name in declared[before[-1]] for name in row["names"]), row
+        assert not any(name in declared[v] for v in after for name in row["names"]), row
