@@ -28,7 +28,6 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 from forensics import sglang_source
 
@@ -189,10 +188,10 @@ def _argument(node: ast.Call, keyword: str, position: int) -> ast.AST | None:
 class _Reader:
     """Reads the metric declarations of one file's collector scopes."""
 
-    def __init__(self, root: Path, relative: str, wrappers: dict[str, tuple[str, ast.AST | None]]):
-        self.root = root
+    def __init__(self, source: sglang_source.SglangSource, relative: str,
+                 wrappers: dict[str, tuple[str, ast.AST | None]]):
         self.relative = relative
-        self.tree = ast.parse((root / relative).read_text(encoding="utf-8"), filename=relative)
+        self.tree = ast.parse(source.read(relative), filename=relative)
         self.literals = _module_literals(self.tree)
         self.wrappers = wrappers
         self.specs: list[MetricSpec] = []
@@ -284,18 +283,18 @@ class _Reader:
             conditional=conditional, path=self.relative, line=node.lineno)
 
 
-def _wrappers(root: Path, tree: ast.Module) -> dict[str, tuple[str, ast.AST | None]]:
+def _wrappers(source: sglang_source.SglangSource, tree: ast.Module) -> dict[str, tuple[str, ast.AST | None]]:
     """Classes the collector imports from sglang that wrap one prometheus metric (``GaugeHistogram``):
     name -> (the wrapped kind, the inner ``labelnames`` expression over the outer ``labelnames``)."""
     found: dict[str, tuple[str, ast.AST | None]] = {}
     for node in ast.walk(tree):
         if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sglang.")):
             continue
-        path = root / (node.module.replace(".", "/") + ".py")
-        if not path.is_file():
+        relative = node.module.replace(".", "/") + ".py"
+        if not (source.root / relative).is_file():
             continue
         wanted = {alias.name for alias in node.names}
-        module = ast.parse(path.read_text(encoding="utf-8"))
+        module = ast.parse(source.read(relative))
         for cls in module.body:
             if not (isinstance(cls, ast.ClassDef) and cls.name in wanted):
                 continue
@@ -314,7 +313,7 @@ def _label_dicts(source: sglang_source.SglangSource) -> dict[str, tuple[str, ...
     # its own, with other labels.
     paths = [p for d in LABEL_DIRS for p in sorted((source.srt / d).rglob("*.py"))]
     for path in paths:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = source.verified_read_bytes(path).decode("utf-8", errors="replace")
         if "MetricsCollector" not in text or '"model_name"' not in text:
             continue
         for node in ast.walk(ast.parse(text)):
@@ -351,11 +350,9 @@ def read_tree(source: sglang_source.SglangSource) -> ReleaseMetrics:
     relative = next((f for f in COLLECTOR_FILES if (root / f).is_file()), None)
     if relative is None:
         raise MetricSourceError(f"sglang {source.version} at {root} has none of {', '.join(COLLECTOR_FILES)}")
-    for f in [relative]:
-        source.verify(root / f)
     labels = _label_dicts(source)
-    collector_tree = ast.parse((root / relative).read_text(encoding="utf-8"))
-    reader = _Reader(root, relative, _wrappers(root, collector_tree))
+    collector_tree = ast.parse(source.read(relative))
+    reader = _Reader(source, relative, _wrappers(source, collector_tree))
     classes = {n.name: n for n in reader.tree.body if isinstance(n, ast.ClassDef)}
     for collector, class_name in COLLECTOR_CLASSES.items():
         cls = classes.get(class_name)
@@ -371,11 +368,11 @@ def read_tree(source: sglang_source.SglangSource) -> ReleaseMetrics:
 def _http_specs(source: sglang_source.SglangSource) -> list[MetricSpec]:
     """The HTTP middleware's metrics: every declaration in the function that declares the anchor."""
     for path in sorted(source.srt.rglob("*.py")):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if f'"{HTTP_ANCHOR}"' not in text:
+        # a cheap byte test first; the one file that holds the anchor is read through the verified path
+        if HTTP_ANCHOR.encode() not in path.read_bytes():
             continue
         relative = str(path.relative_to(source.root))
-        reader = _Reader(source.root, relative, {})
+        reader = _Reader(source, relative, {})
         for func in ast.walk(reader.tree):
             if isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef) and HTTP_ANCHOR in ast.unparse(func):
                 inner = [f for f in ast.walk(func) if f is not func and isinstance(f, ast.FunctionDef)

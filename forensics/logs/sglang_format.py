@@ -26,7 +26,6 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
-from pathlib import Path
 
 from forensics import sglang_source
 from forensics.logs.batchlines import column_for
@@ -352,9 +351,10 @@ class _SourceIndex:
         self.modules: dict[str, ast.Module] = {}
         for directory in SEARCH_DIRS:
             for path in sorted((source.srt / directory).rglob("*.py")):
-                text = path.read_text(encoding="utf-8", errors="replace")
-                if "Prefill batch" in text or "Decode batch" in text or "msg_parts" in text:
-                    self.modules[str(path.relative_to(source.root))] = ast.parse(text)
+                data = path.read_bytes()  # a cheap test first; what is parsed is read through the verified path
+                if b"Prefill batch" in data or b"Decode batch" in data or b"msg_parts" in data:
+                    relative = str(path.relative_to(source.root))
+                    self.modules[relative] = ast.parse(source.read(relative))
         self._functions: dict[str, ast.FunctionDef] = {}
         for tree in self.modules.values():
             for node in ast.walk(tree):
@@ -437,10 +437,9 @@ def log_format(version: str) -> LogFormat:
     """The line format ``configure_logger`` of ``version`` installs (read from its source)."""
     source = sglang_source.fetch(version)
     for relative in ("sglang/srt/utils/common.py", "sglang/srt/utils.py"):
-        path = source.root / relative
-        if not path.is_file():
+        if not (source.root / relative).is_file():
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = ast.parse(source.read(relative))
         for func in ast.walk(tree):
             if isinstance(func, ast.FunctionDef) and func.name == "configure_logger":
                 return _read_configure_logger(version, relative, func)
@@ -482,12 +481,6 @@ def _read_configure_logger(version: str, relative: str, func: ast.FunctionDef) -
 
 def _literal(node) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
-
-
-def template_source(version: str, role: str) -> Path:
-    """The file a release's batch line comes from (for messages and tests)."""
-    template = batch_template(version, role)
-    return sglang_source.fetch(version).root / template.path
 
 
 # ----------------------------------------------------------------------------- the GUARD assertion
