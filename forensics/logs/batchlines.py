@@ -40,6 +40,9 @@ FIELD_NAMES: dict[bytes, str] = {
     b"#pending-token": "pending_token",
     b"#bootstrap-req": "bootstrap_req",
     b"#inflight-req": "inflight_req",
+    # 0.5.1 - 0.5.2's PD prefill line names the same two queues differently (read from its source)
+    b"#unbootstrapped-req": "bootstrap_req",
+    b"#transferring-req": "inflight_req",
     b"#optimistic-req": "optimistic_req",
     b"#replay-token": "replay_token",
     b"waiting-image-req": "waiting_image_req",
@@ -96,7 +99,8 @@ def learn_shape(kind: bytes, fields: bytes) -> Shape | None:
     """Parse a field list slowly to learn its layout; None when it is not a batch field list."""
     columns = []
     labels = []
-    for part in fields.rstrip(b"\r\n").split(b", "):
+    # Up to 0.5.8.post1 sglang ends some batch lines with the separator ("#queue-req: 0, "): no field.
+    for part in fields.rstrip(b"\r\n").removesuffix(b", ").split(b", "):
         label, sep, _value = part.rpartition(b": ")
         if not sep:
             return None
@@ -142,7 +146,7 @@ def number_table(shape: Shape, fields: list[bytes]) -> np.ndarray | None:
         return None
     if any(_KEEP_IN_NUMBERS.intersection(label) for label in shape.labels):
         return None  # a label with digits or dots ("est. ... TFLOPS") would leave text behind
-    joined = b"\n".join(fields)
+    joined = b"\n".join(f.rstrip(b"\r").removesuffix(b", ") for f in fields)  # a trailing separator (<= 0.5.8)
     if not _plain_values(shape, joined, len(fields)):
         return None
     blob = joined.replace(b"True", b"1").replace(b"False", b"0")

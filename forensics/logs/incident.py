@@ -1,10 +1,13 @@
 """Write realistic sglang PD incident logs for a chosen release: the documented fixture generator.
 
-The lines follow the formats in the facts sheet (§5): sglang's ``[time ranks]`` prefix,
-the release's "Prefill batch"/"Decode batch" variant, uvicorn access lines (with the
-``[time]`` prefix sglang's uvicorn config gives them), the abort
-lines of the decode, the DEBUG ABORT send line, and the thread-death traceback that
-CPython's default excepthook prints to the prefill scheduler's stderr (no prefix).
+sglang's own lines come from the one formatter the twin uses too
+(:mod:`forensics.logs.sglang_format`), which reads them from the release's source: the
+``[time ranks]`` prefix (``configure_logger``, ``SGLANG_LOG_MS`` where the release has it),
+the release's "Prefill batch"/"Decode batch" line, and the file, line and source text of the
+GUARD assertion in the thread-death traceback that CPython's default excepthook prints to the
+prefill scheduler's stderr (no prefix). Also written: uvicorn access lines (with the ``[time]``
+prefix sglang's uvicorn config gives them), the abort lines of the decode and the DEBUG ABORT
+send line.
 
 The same records render as sglang log files, as journalctl text (short-iso,
 short-precise, json) or as journal export format for systemd-journal-remote, so every
@@ -31,9 +34,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
-from packaging.version import Version
+from forensics.logs import sglang_format
 
-GUARD_LINE_BY_RELEASE = {"0.5.13": 1850, "0.5.13.post1": 1850, "0.5.14": 1850, "0.5.15": 2349, "0.5.15.post1": 2349}
+DEFAULT_RELEASE = "0.5.15"
 UNITS = {"prefill": "sglang-prefill.service", "decode": "sglang-decode.service", "router": "sglang-router.service"}
 PIDS = {"prefill": 4101, "decode": 4202, "router": 4303}
 
@@ -45,6 +48,7 @@ class Record:
     text: str  # message without any prefix
     prefixed: bool = True  # False: raw stderr (tracebacks)
     ranks: str = " TP0"  # "" for uvicorn's access lines, which sglang prefixes with the time only
+    release: str = DEFAULT_RELEASE  # whose configure_logger format the prefix follows
 
 
 @dataclass
@@ -62,34 +66,22 @@ class Incident:
     records: list[Record] = field(default_factory=list)
 
 
-def _v(release: str) -> Version:
-    return Version(release)
-
-
 def prefill_batch_line(release: str, new_seq: int, new_token: int, running: int, queue: int,
                        bootstrap: int, inflight: int, throughput: float, iteration: int | None = None) -> str:
-    version = _v(release)
-    if version <= Version("0.5.3.post3"):
-        header = "Prefill batch. "
-    elif version == Version("0.5.4"):
-        header = f"Prefill batch [{iteration or 1}], "
-    else:
-        header = "Prefill batch, " if iteration is None else f"Prefill batch [{iteration}], "
-    queue_label = "#prealloc-req" if version < Version("0.5.12") else "#bootstrap-req"
-    optimistic = "#optimistic-req: 0, " if version >= Version("0.5.23") else ""
-    usage = min(0.99, 0.01 * running)
-    return (f"{header}#new-seq: {new_seq}, #new-token: {new_token}, #cached-token: 0, token usage: {usage:.2f}, "
-            f"#running-req: {running}, #queue-req: {queue}, #pending-token: 0, {queue_label}: {bootstrap}, "
-            f"#inflight-req: {inflight}, {optimistic}cuda graph: False, input throughput (token/s): {throughput:.2f}")
+    """The release's ``Prefill batch`` line (a GPU engine without CUDA graphs for prefill)."""
+    return sglang_format.prefill_batch_line(
+        release, iteration=iteration, new_seq=new_seq, new_token=new_token, cached_token=0,
+        token_usage=min(0.99, 0.01 * running), running_req=running, queue_req=queue, pending_token=0,
+        bootstrap_req=bootstrap, inflight_req=inflight, cuda_graph=False, input_throughput=throughput)
 
 
 def decode_batch_line(release: str, running: int, tokens: int, prealloc: int, transfer: int,
                       throughput: float) -> str:
-    version = _v(release)
-    header = "Decode batch. " if version <= Version("0.5.3.post3") else "Decode batch, "
-    return (f"{header}#running-req: {running}, #token: {tokens}, token usage: {min(0.99, tokens / 200000):.2f}, "
-            f"pre-allocated usage: 0.00, #prealloc-req: {prealloc}, #transfer-req: {transfer}, #retracted-req: 0, "
-            f"cuda graph: True, gen throughput (token/s): {throughput:.2f}, #queue-req: 0")
+    """The release's ``Decode batch`` line (a GPU engine decoding under CUDA graphs)."""
+    return sglang_format.decode_batch_line(
+        release, running_req=running, token=tokens, token_usage=min(0.99, tokens / 200000),
+        pre_allocated_usage=0.0, prealloc_req=prealloc, transfer_req=transfer, retracted_req=0, cuda_graph=True,
+        gen_throughput=throughput, queue_req=0)
 
 
 def access_line(method: str, path: str, status: int, port: int) -> str:
@@ -98,24 +90,24 @@ def access_line(method: str, path: str, status: int, port: int) -> str:
 
 
 def thread_death_lines(release: str, thread_number: int = 5) -> list[str]:
-    version = _v(release)
-    target = "bootstrap_thread_guarded" if version >= Version("0.5.21") else "bootstrap_thread"
-    guard_line = GUARD_LINE_BY_RELEASE.get(release, 2349)
-    site = "/opt/sglang/.venv/lib/python3.11/site-packages"
+    """CPython 3.11's excepthook output for the loop dying on the GUARD assertion: the thread's target,
+    the file, line and source text of each sglang frame are the release's own (read from its source)."""
+    site = sglang_format.guard_site(release)
+    packages = "/opt/sglang/.venv/lib/python3.11/site-packages"
     lines = [
-        f"Exception in thread Thread-{thread_number} ({target}):",
+        f"Exception in thread Thread-{thread_number} ({site.target}):",
         "Traceback (most recent call last):",
         '  File "/usr/lib/python3.11/threading.py", line 1045, in _bootstrap_inner',
         "    self.run()",
         '  File "/usr/lib/python3.11/threading.py", line 982, in run',
         "    self._target(*self._args, **self._kwargs)",
     ]
-    if target == "bootstrap_thread_guarded":
-        lines += [f'  File "{site}/sglang/srt/disaggregation/nixl/conn.py", line 3418, in bootstrap_thread_guarded',
-                  "    bootstrap_thread()"]
+    if site.wrapper_line is not None:
+        lines += [f'  File "{packages}/{site.path}", line {site.wrapper_line}, in {site.target}',
+                  f"    {site.wrapper_text}"]
     lines += [
-        f'  File "{site}/sglang/srt/disaggregation/nixl/conn.py", line {guard_line}, in bootstrap_thread',
-        "    waiting_req_bytes[0] == GUARD",
+        f'  File "{packages}/{site.path}", line {site.line}, in {site.function}',
+        f"    {site.text}",
         "AssertionError: First message should be b'NixlMsgGuard'. Foreign traffic?",
     ]
     return lines
@@ -131,7 +123,7 @@ def generate(release: str = "0.5.15", *, start: datetime | None = None, seed: in
     port = 40000
 
     def add(offset: float, role: str, text: str, prefixed: bool = True, ranks: str = " TP0") -> None:
-        records.append(Record(start + timedelta(seconds=offset), role, text, prefixed, ranks))
+        records.append(Record(start + timedelta(seconds=offset), role, text, prefixed, ranks, release))
 
     def access(offset: float, role: str, method: str, path: str) -> None:
         # sglang's uvicorn config: "[%(asctime)s] %(levelprefix)s ..." (a time, no ranks)
@@ -182,9 +174,9 @@ def generate(release: str = "0.5.15", *, start: datetime | None = None, seed: in
     stuck: list[int] = []
     timeouts: list[int] = []
     if wedge:
-        if _v(release) >= Version("0.5.21"):
-            add(death_t - 0.001, "prefill",
-                "prefill bootstrap_thread died on engine_rank=0; requests to this rank will time out in KVPoll.Bootstrapping")
+        died = sglang_format.guard_site(release).died_message  # the 0.5.21+ wrapper's logger.exception
+        if died is not None:
+            add(death_t - 0.001, "prefill", died)
         for line in thread_death_lines(release):
             add(death_t, "prefill", line, prefixed=False)
     # 3. after: requests pile up; probes keep /health green
@@ -238,13 +230,15 @@ def generate(release: str = "0.5.15", *, start: datetime | None = None, seed: in
 
 
 def sglang_line(record: Record, tz: str = "UTC", millis: bool = False) -> str:
+    """The record as its log file holds it: the release's ``configure_logger`` prefix (milliseconds
+    only where the release reads ``SGLANG_LOG_MS``), uvicorn's ``[time]`` for access lines, nothing
+    for raw stderr."""
     if not record.prefixed:
         return record.text
     local = record.ts.astimezone(ZoneInfo(tz))
-    stamp = local.strftime("%Y-%m-%d %H:%M:%S")
-    if millis and record.ranks:  # uvicorn's datefmt has no milliseconds
-        stamp += f".{local.microsecond // 1000:03d}"
-    return f"[{stamp}{record.ranks}] {record.text}"
+    # uvicorn's access lines: sglang's uvicorn config prints the time with no milliseconds and no ranks
+    head = sglang_format.log_format(record.release).prefix(local, record.ranks, millis=millis and bool(record.ranks))
+    return head + record.text
 
 
 def _journal_prefix(record: Record, style: str, host: str) -> str:

@@ -131,7 +131,7 @@ def process_setup(role: str, title: str) -> tuple[inventory_mod.Inventory, TwinS
         setproctitle(title)
     except ImportError:  # pragma: no cover - the twin extra installs it
         pass
-    logformat.configure(level=settings.log_level)
+    logformat.configure(level=settings.log_level, version=inv.sglang or settings.sglang)
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
     return inv, settings

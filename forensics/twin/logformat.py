@@ -1,29 +1,23 @@
 """sglang's log format, written by every twin process to its own log file.
 
-``[%(asctime)s{prefix}] %(message)s`` with no level and no logger name, as
-``sglang.srt.utils.configure_logger`` writes it (TP=1, no DP: empty prefix). The
-process's stdout and stderr both go to the same file, as a scheduler's do under
-a launcher, so a dying thread's CPython traceback lands between sglang's lines
-exactly as printed.
-
-The batch lines follow the release's format (facts §5.2): ``#prealloc-req`` up to
-0.5.11, ``#bootstrap-req`` from 0.5.12; 0.5.23 adds ``#optimistic-req`` on the
-prefill.
+The line format (``[%(asctime)s{ms}{prefix}] %(message)s``, no level, no logger name) and the
+periodic batch lines are the release's own, read from its source by the one formatter the
+incident generator uses too (:mod:`forensics.logs.sglang_format`). TP=1, no DP: the prefix is
+empty. The process's stdout and stderr both go to the same file, as a scheduler's do under a
+launcher, so a dying thread's CPython traceback lands between sglang's lines exactly as printed.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
-from packaging.version import Version
+from forensics.logs import sglang_format
 
-SGLANG_FORMAT = "[%(asctime)s%(prefix)s] %(message)s"
-# sglang's SGLANG_LOG_MS=1 adds the milliseconds after the seconds (facts §5.1); the twin honours it too.
-SGLANG_FORMAT_MS = "[%(asctime)s.%(msecs)03d%(prefix)s] %(message)s"
-DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 # Loggers whose DEBUG lines the twin keeps (the ABORT send line is DEBUG in sglang).
 DEBUG_LOGGERS = ("sglang.srt.disaggregation",)
+DEFAULT_VERSION = "0.5.15"  # a process started without a release (tests of the logging alone)
 
 
 class _PrefixFilter(logging.Filter):
@@ -36,13 +30,17 @@ class _PrefixFilter(logging.Filter):
         return True
 
 
-def configure(*, prefix: str = "", level: str = "info", disaggregation_debug: bool = True) -> None:
-    """Route all logging to stderr in sglang's format (the launcher sends stderr to the log file)."""
-    handler = logging.StreamHandler(sys.stderr)
-    import os
+def configure(*, prefix: str = "", level: str = "info", disaggregation_debug: bool = True,
+              version: str | None = None) -> None:
+    """Route all logging to stderr in ``version``'s format (the launcher sends stderr to the log file).
 
+    ``SGLANG_LOG_MS=1`` adds milliseconds only where the release's ``configure_logger`` reads it
+    (from 0.5.6); older releases ignore it, and so does their twin.
+    """
+    fmt = sglang_format.log_format(version or DEFAULT_VERSION)
+    handler = logging.StreamHandler(sys.stderr)
     with_ms = os.environ.get("SGLANG_LOG_MS", "").strip().lower() in ("1", "true", "yes")
-    handler.setFormatter(logging.Formatter(SGLANG_FORMAT_MS if with_ms else SGLANG_FORMAT, datefmt=DATE_FORMAT))
+    handler.setFormatter(logging.Formatter(fmt.logging_format(with_ms), datefmt=fmt.datefmt))
     handler.addFilter(_PrefixFilter(f" {prefix}" if prefix else ""))
     root = logging.getLogger()
     for old in list(root.handlers):
@@ -55,17 +53,6 @@ def configure(*, prefix: str = "", level: str = "info", disaggregation_debug: bo
     # Keep third-party chatter out of the sglang-format log.
     for noisy in ("aiohttp.access", "asyncio", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def _bootstrap_label(version: str) -> str:
-    return "#prealloc-req" if Version(version) < Version("0.5.12") else "#bootstrap-req"
-
-
-def _header(kind: str, version: str) -> str:
-    v = Version(version)
-    if v < Version("0.5.4"):
-        return f"{kind} batch."
-    return f"{kind} batch,"
 
 
 def prefill_batch_line(
@@ -82,15 +69,11 @@ def prefill_batch_line(
     cached_token: int = 0,
     pending_token: int = 0,
 ) -> str:
-    """A prefill server's ``Prefill batch`` line in ``version``'s format."""
-    optimistic = "#optimistic-req: 0, " if Version(version) >= Version("0.5.23") else ""
-    return (
-        f"{_header('Prefill', version)} #new-seq: {new_seq}, #new-token: {new_token}, "
-        f"#cached-token: {cached_token}, token usage: {token_usage:.2f}, "
-        f"#running-req: {running_req}, #queue-req: {queue_req}, #pending-token: {pending_token}, "
-        f"{_bootstrap_label(version)}: {bootstrap_req}, #inflight-req: {inflight_req}, {optimistic}"
-        f"cuda graph: False, input throughput (token/s): {input_throughput:.2f}"
-    )
+    """A prefill server's ``Prefill batch`` line in ``version``'s format (a CPU twin: no CUDA graph)."""
+    return sglang_format.prefill_batch_line(
+        version, new_seq=new_seq, new_token=new_token, token_usage=token_usage, running_req=running_req,
+        queue_req=queue_req, bootstrap_req=bootstrap_req, inflight_req=inflight_req,
+        input_throughput=input_throughput, cached_token=cached_token, pending_token=pending_token, cuda_graph=False)
 
 
 def decode_batch_line(
@@ -107,9 +90,7 @@ def decode_batch_line(
     retracted_req: int = 0,
 ) -> str:
     """A decode server's ``Decode batch`` line in ``version``'s format."""
-    return (
-        f"{_header('Decode', version)} #running-req: {running_req}, #token: {num_tokens}, "
-        f"token usage: {token_usage:.2f}, pre-allocated usage: {preallocated_usage:.2f}, "
-        f"#prealloc-req: {prealloc_req}, #transfer-req: {transfer_req}, #retracted-req: {retracted_req}, "
-        f"cuda graph: False, gen throughput (token/s): {gen_throughput:.2f}, #queue-req: {queue_req}"
-    )
+    return sglang_format.decode_batch_line(
+        version, running_req=running_req, token=num_tokens, token_usage=token_usage,
+        pre_allocated_usage=preallocated_usage, prealloc_req=prealloc_req, transfer_req=transfer_req,
+        gen_throughput=gen_throughput, queue_req=queue_req, retracted_req=retracted_req, cuda_graph=False)
