@@ -153,10 +153,13 @@ class MooncakeSessionStandIn:
         return f"MooncakeSessionStandIn({self.session_id!r})"
 
 
-def mooncake_state(mgr, host: str, port: int) -> None:
-    """Attributes MooncakeKVManager.__init__ sets that its bootstrap and decode threads read."""
+def mooncake_state(mgr, host: str, port: int, engine=None) -> None:
+    """Attributes MooncakeKVManager.__init__ sets that its bootstrap and decode threads read.
+
+    ``engine``: the release's real ``MooncakeTransferEngine`` (the twin's, over TCP); without
+    one, :class:`MooncakeSessionStandIn` (the bootstrap loop alone never touches the engine)."""
     values = {
-        "engine": MooncakeSessionStandIn(f"{host}:{port}"),
+        "engine": engine if engine is not None else MooncakeSessionStandIn(f"{host}:{port}"),
         "session_lock": threading.Lock(),
         "failed_sessions": set(),
         "session_failures": collections.defaultdict(int),

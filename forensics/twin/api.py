@@ -31,7 +31,7 @@ from forensics.twin import processes
 from forensics.twin.settings import DEFAULT_WAITING_TIMEOUT_S, TwinSettings
 
 INVENTORY_NAME = "inventory.toml"
-SUPPORTED_BACKENDS = ("nixl",)
+SUPPORTED_BACKENDS = ("nixl", "mooncake")
 PORT_NAMES = ("router", "prefill", "bootstrap", "decode")
 
 
@@ -503,12 +503,18 @@ def _up_in(directory: Path, created: bool, sglang: str, *, patched: bool, backen
     try:
         ports = list(listeners)
         source = fetch(sglang)  # raises SourceError (an EnvironmentProblem) naming the release
-        check_release_served(source)
         if backend not in source.backends():
             raise TwinError(f"sglang {sglang} has no {backend} backend (has: {', '.join(source.backends())})")
         if backend not in SUPPORTED_BACKENDS:
-            raise TwinError(f"the twin runs the NIXL backend only (got --backend {backend}); "
-                            "a mooncake twin is not built yet")
+            raise TwinError(f"the twin runs the {' and '.join(SUPPORTED_BACKENDS)} backends (got --backend {backend})")
+        # --- backend dispatch: what each backend's twin can serve, decided up front (exit 4) ---
+        if backend == "mooncake":
+            from forensics.twin.release_mooncake import check_mooncake_served
+
+            check_mooncake_served(source)
+        else:
+            check_release_served(source)
+        # --- end backend dispatch ---
         site = copy_release(source.root, directory / "site-packages")
         if patched:
             _apply_patch(site, sglang)

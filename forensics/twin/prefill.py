@@ -447,8 +447,15 @@ class PrefillServer(httpserver.EngineEndpoints):
         slots = max(64, 2 * nx.pages_for(settings.max_prefill_tokens * settings.bytes_per_token, settings.page_bytes))
         kv = HostKV.allocate(slots=slots, kv_item_bytes=settings.page_bytes, aux_slots=AUX_SLOTS,
                              aux_item_bytes=nx.AUX_ITEM_BYTES)
+        # --- backend dispatch: Mooncake moves pages with the release's own MooncakeTransferEngine ---
+        engine = None
+        if settings.backend == "mooncake":
+            from forensics.twin.mooncake_transfer import make_engine
+
+            engine = make_engine(settings.sglang_root, version, settings.host)
+        # --- end backend dispatch ---
         self.loop = PrefillLoop(self.release, backend=settings.backend, host=settings.host, capture_logs=False,
-                                kv=kv, transfer_workers=True)
+                                kv=kv, transfer_workers=True, mooncake_engine=engine)
         self.metrics = TwinMetrics(version, "prefill")
         self.scheduler = PrefillScheduler(settings, self.loop, self.metrics, version)
         self.bootstrap = BootstrapServer()
