@@ -171,7 +171,8 @@ def mooncake_state(mgr, host: str, port: int, engine=None) -> None:
         "failed_session_probes": {},
         "state_layout_rejections": {},
         "state_strides_validated": set(),
-        "max_transfer_batch_indices": None,
+        # 0.5.20+: the cap on indices per batch transfer, compared with sizes in send_kvcache.
+        "max_transfer_batch_indices": _env_value(_envs(), "SGLANG_MOONCAKE_MAX_TRANSFER_BATCH_INDICES", None),
     }
     for name, value in values.items():
         setattr(mgr, name, value)

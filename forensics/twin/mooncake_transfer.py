@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 from pathlib import Path
 
 from packaging.version import Version
@@ -82,7 +83,31 @@ def wrapper_class(sglang_root: str | Path):
     spec = importlib.util.spec_from_file_location(WRAPPER_MODULE, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if "run_with_deadline" in vars(module):
+        # 0.5.20+ bound the engine's initialize with sglang.srt.utils.common.run_with_deadline; that
+        # module pulls in torch and is stubbed, so the twin supplies the same contract.
+        module.run_with_deadline = run_with_deadline
     return module.MooncakeTransferEngine
+
+
+def run_with_deadline(fn, *, timeout_s: float, what: str):
+    """``fn()`` in a daemon thread; RuntimeError naming ``what`` if it has not returned in ``timeout_s``."""
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # handed to the caller below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name="mooncake-engine-init", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise RuntimeError(f"{what} did not return within {timeout_s}s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def make_engine(sglang_root: str | Path, version: str, hostname: str = "127.0.0.1"):

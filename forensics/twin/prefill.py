@@ -118,7 +118,8 @@ class PrefillScheduler:
         self.settings = settings
         self.engine = loop_owner  # forensics.sandbox.prefill.PrefillLoop
         self.KVPoll = loop_owner.KVPoll
-        self.KVTransferError = loop_owner.release.module("common.conn").KVTransferError
+        common = loop_owner.release.module("common.conn")  # before 0.5.13 the backend's conn.py defines it
+        self.KVTransferError = getattr(common, "KVTransferError", None) or loop_owner.module.KVTransferError
         self.metrics = metrics
         self.version = version
         self.incoming: asyncio.Queue[PrefillRequest] = asyncio.Queue()
@@ -219,7 +220,7 @@ class PrefillScheduler:
     def _failure(self, room: int) -> str:
         mgr = self.engine.manager
         with mgr.failure_lock:
-            reason = mgr.failure_records.pop(room, None) or "NIXL KVSender Exception"
+            reason = mgr.failure_records.pop(room, None) or f"{type(mgr).__name__[:-len('KVManager')]}KVSender Exception"
         return str(self.KVTransferError(room, reason))
 
     def _poll_bootstrap_queue(self) -> bool:

@@ -20,15 +20,20 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from types import SimpleNamespace
 
 import numpy as np
 import requests
 import zmq
 from packaging.version import Version
 
-from forensics.sandbox.host_memory import LAYERS
-from forensics.sandbox.managers import _env_value, _envs
+from forensics.sandbox.host_memory import LAYERS, HostKV
+from forensics.sandbox.managers import (
+    _env_value,
+    _envs,
+    common_manager_state,
+    mooncake_state,
+    set_initial_values,
+)
 from forensics.sandbox.shim import LoadedRelease
 from forensics.twin.release_decode import ReleaseDecode, _install_warning_once
 
@@ -106,7 +111,8 @@ class MooncakeReleaseDecode(ReleaseDecode):
         self.conn = release.module("mooncake.conn")
         self.common = release.module("common.conn")
         self.KVPoll = release.module("base.conn").KVPoll
-        self.KVTransferError = self.common.KVTransferError
+        # common/conn.py holds it from 0.5.13; mooncake/conn.py defines its own before
+        self.KVTransferError = getattr(self.common, "KVTransferError", None) or self.conn.KVTransferError
         self.receiver_class = self.conn.MooncakeKVReceiver
         self.pool, self.aux = pool, aux
         self.engine = engine
@@ -115,14 +121,17 @@ class MooncakeReleaseDecode(ReleaseDecode):
         cls = self.conn.MooncakeKVManager
         mgr = cls.__new__(cls)
         decode_mode = release.module("sglang.srt.disaggregation.utils").DisaggregationMode.DECODE
-        regions = len(pool.buffers)  # one buffer per layer's K and V (2 * LAYERS)
-        kv_args = SimpleNamespace(
-            kv_data_ptrs=pool.base_ptrs, kv_data_lens=[pool.nbytes] * regions,
-            kv_item_lens=[pool.page_bytes] * regions, aux_data_ptrs=[aux.base_ptr], aux_data_lens=[aux.nbytes],
-            aux_item_lens=[aux.page_bytes], state_data_ptrs=[], state_data_lens=[], state_item_lens=[],
-            state_dim_per_tensor=[], state_type="none", gpu_id=0, engine_rank=0, decode_tp_size=1,
-            prefill_start_layer=0, page_size=1, ib_device=None, system_dp_rank=0,
-        )
+        # The release's own KVArgs, filled as the sandbox fills a prefill's (host_memory.HostKV), over the
+        # decode's pools: one buffer per layer's K and V, and the aux pool.
+        host = HostKV(kv=pool.buffers, aux=[aux.buffer], kv_item_bytes=pool.page_bytes, aux_item_bytes=aux.page_bytes)
+        kv_args = host.kv_args(release.module("base.conn").KVArgs)
+        # The sandbox's three layers (its managers module): the release's own initial values, what
+        # CommonKVManager.__init__ sets for a TP=1 rank, Mooncake's own attributes with the real
+        # engine; then the decode's tables below.
+        set_initial_values(mgr)
+        common_manager_state(mgr, decode_mode, socket=server_socket, port=rank_port, host=local_ip, agent=None,
+                             kv_args=kv_args)
+        mooncake_state(mgr, local_ip, rank_port, engine=engine)
         envs = _envs()
         state = {
             "kv_args": kv_args, "engine": engine, "disaggregation_mode": decode_mode, "is_mla_backend": False,
@@ -176,15 +185,40 @@ def mooncake_decode(settings, release: LoadedRelease, pull: zmq.Socket, rank_por
 
 
 def check_mooncake_served(source) -> None:
-    """Refuse (exit 4, naming why) a Mooncake twin that could not serve: no transfer engine here,
-    or a release outside the range the twin has been run with."""
+    """Refuse (exit 4, naming why) a Mooncake twin that could not serve, decided up front from
+    this machine and the release's code, never by a request that hangs:
+
+    * the transfer engine does not import here (package or Debian libraries missing);
+    * the release has no ``MooncakeTransferEngine`` wrapper (before 0.5.6), or its session id
+      comes from ``sglang.srt.utils`` helpers that the sandbox stubs (before 0.5.10: the id would
+      read ``<sandbox stub ...>:port`` and no transfer could find the decode);
+    * its ``MooncakeKVReceiver`` has no ``send_metadata`` (before 0.5.10 the transfer info goes
+      out from ``init(kv_indices, aux_index)``; the twin's decode drives the later API).
+
+    Served and run end to end here (KV intact): 0.5.10 to 0.5.23.
+    """
     from forensics.twin.api import TwinError
-    from forensics.twin.mooncake_transfer import engine_import_problem
+    from forensics.twin.mooncake_transfer import WRAPPER, engine_import_problem
+
+    def text(relative: str) -> str:
+        path = source.root / relative
+        if not path.is_file():
+            return ""
+        verified = getattr(source, "verified_read_text", None)  # the cache checks what is read
+        return verified(path) if verified else path.read_text(encoding="utf-8", errors="replace")
 
     problem = engine_import_problem()
     if problem:
         raise TwinError(f"sglang {source.version} --backend mooncake: {problem}")
-    wrapper = source.root / "sglang/srt/distributed/device_communicators/mooncake_transfer_engine.py"
-    if not wrapper.is_file():
+    wrapper = text(WRAPPER)
+    if not wrapper:
         raise TwinError(f"sglang {source.version} --backend mooncake: the release has no MooncakeTransferEngine "
-                        "wrapper (sglang/srt/distributed/device_communicators/mooncake_transfer_engine.py)")
+                        f"wrapper ({WRAPPER}); the Mooncake twin serves 0.5.10 to 0.5.23")
+    if "NetworkAddress" not in wrapper:
+        raise TwinError(f"sglang {source.version} --backend mooncake: the release's MooncakeTransferEngine builds its "
+                        "session id with sglang.srt.utils helpers that the sandbox stubs, so no transfer could "
+                        "reach the decode; the Mooncake twin serves 0.5.10 to 0.5.23")
+    if "def send_metadata" not in text("sglang/srt/disaggregation/mooncake/conn.py"):
+        raise TwinError(f"sglang {source.version} --backend mooncake: the release's MooncakeKVReceiver has no "
+                        "send_metadata (its init sends the transfer info), which the twin's decode does not drive "
+                        "yet; the Mooncake twin serves 0.5.10 to 0.5.23")
