@@ -207,9 +207,6 @@ def check_mooncake_served(source) -> None:
         verified = getattr(source, "verified_read_text", None)  # the cache checks what is read
         return verified(path) if verified else path.read_text(encoding="utf-8", errors="replace")
 
-    problem = engine_import_problem()
-    if problem:
-        raise TwinError(f"sglang {source.version} --backend mooncake: {problem}")
     wrapper = text(WRAPPER)
     if not wrapper:
         raise TwinError(f"sglang {source.version} --backend mooncake: the release has no MooncakeTransferEngine "
@@ -222,3 +219,7 @@ def check_mooncake_served(source) -> None:
         raise TwinError(f"sglang {source.version} --backend mooncake: the release's MooncakeKVReceiver has no "
                         "send_metadata (its init sends the transfer info), which the twin's decode does not drive "
                         "yet; the Mooncake twin serves 0.5.10 to 0.5.23")
+    # Last: what the release's code rules out holds on any machine; the engine is this machine's.
+    problem = engine_import_problem()
+    if problem:
+        raise TwinError(f"sglang {source.version} --backend mooncake: {problem}")
