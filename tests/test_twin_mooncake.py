@@ -14,7 +14,7 @@ import pytest
 from twin_helpers import kill_client_during_transfer_wait, twin_state, wait_until
 
 import forensics.twin as twin_api
-from forensics.twin.mooncake_transfer import engine_import_problem
+from forensics.sandbox.mooncake_engine import engine_import_problem
 
 pytestmark = [pytest.mark.server]
 RELEASE = "0.5.14"

@@ -451,7 +451,7 @@ class PrefillServer(httpserver.EngineEndpoints):
         # --- backend dispatch: Mooncake moves pages with the release's own MooncakeTransferEngine ---
         engine = None
         if settings.backend == "mooncake":
-            from forensics.twin.mooncake_transfer import make_engine
+            from forensics.sandbox.mooncake_engine import make_engine
 
             engine = make_engine(settings.sglang_root, version, settings.host)
         # --- end backend dispatch ---

@@ -9,7 +9,7 @@ NIXL, completion comes back over ZMQ: the prefill's ``transfer_worker`` PUSHes
 of its ``__init__``'s decode branch) reads it, and ``ABORT_ACK`` too (0.5.13+).
 
 The KV pages arrive by the real transfer engine: the release's wrapper
-(:mod:`forensics.twin.mooncake_transfer`) registers the decode's page pool and aux pool with
+(:mod:`forensics.sandbox.mooncake_engine`) registers the decode's page pool and aux pool with
 the release's own ``register_buffer_to_engine``; the prefill's ``transfer_worker`` writes
 into them with ``batch_transfer_sync`` over TCP. Only the ZMQ socket factory is the twin's,
 as on the NIXL side.
@@ -173,7 +173,7 @@ class MooncakeReleaseDecode(ReleaseDecode):
 def mooncake_decode(settings, release: LoadedRelease, pull: zmq.Socket, rank_port: int):
     """What the decode twin needs for ``--backend mooncake``: ``(engine, pool, aux, release decode)``,
     the engine being the release's own ``MooncakeTransferEngine`` over TCP."""
-    from forensics.twin.mooncake_transfer import make_engine
+    from forensics.sandbox.mooncake_engine import make_engine
     from forensics.twin.nixl_transfer import AUX_ITEM_BYTES
 
     engine = make_engine(settings.sglang_root, release.version, settings.host)
@@ -197,28 +197,20 @@ def check_mooncake_served(source) -> None:
 
     Served and run end to end here (KV intact): 0.5.10 to 0.5.23.
     """
+    from forensics.sandbox.mooncake_engine import engine_import_problem, wrapper_problem
     from forensics.twin.api import TwinError
-    from forensics.twin.mooncake_transfer import WRAPPER, engine_import_problem
 
-    def text(relative: str) -> str:
-        path = source.root / relative
-        if not path.is_file():
-            return ""
-        verified = getattr(source, "verified_read_text", None)  # the cache checks what is read
-        return verified(path) if verified else path.read_text(encoding="utf-8", errors="replace")
-
-    wrapper = text(WRAPPER)
-    if not wrapper:
-        raise TwinError(f"sglang {source.version} --backend mooncake: the release has no MooncakeTransferEngine "
-                        f"wrapper ({WRAPPER}); the Mooncake twin serves 0.5.10 to 0.5.23")
-    if "NetworkAddress" not in wrapper:
-        raise TwinError(f"sglang {source.version} --backend mooncake: the release's MooncakeTransferEngine builds its "
-                        "session id with sglang.srt.utils helpers that the sandbox stubs, so no transfer could "
-                        "reach the decode; the Mooncake twin serves 0.5.10 to 0.5.23")
-    if "def send_metadata" not in text("sglang/srt/disaggregation/mooncake/conn.py"):
+    served = "the Mooncake twin serves 0.5.10 to 0.5.23"
+    problem = wrapper_problem(source.root)
+    if problem:
+        raise TwinError(f"sglang {source.version} --backend mooncake: {problem}; {served}")
+    conn = source.root / "sglang/srt/disaggregation/mooncake/conn.py"
+    verified = getattr(source, "verified_read_text", None)  # the cache checks what is read
+    conn_text = verified(conn) if verified else conn.read_text(encoding="utf-8", errors="replace")
+    if "def send_metadata" not in conn_text:
         raise TwinError(f"sglang {source.version} --backend mooncake: the release's MooncakeKVReceiver has no "
                         "send_metadata (its init sends the transfer info), which the twin's decode does not drive "
-                        "yet; the Mooncake twin serves 0.5.10 to 0.5.23")
+                        f"yet; {served}")
     # Last: what the release's code rules out holds on any machine; the engine is this machine's.
     problem = engine_import_problem()
     if problem:

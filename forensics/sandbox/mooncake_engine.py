@@ -1,4 +1,4 @@
-"""The real Mooncake transfer engine for a twin: the release's own wrapper over TCP on loopback.
+"""The real Mooncake transfer engine for the sandbox and the twin: the release's own wrapper, TCP on loopback.
 
 sglang's Mooncake KV manager talks to the engine through its own wrapper class,
 ``MooncakeTransferEngine`` (``sglang/srt/distributed/device_communicators/
@@ -108,6 +108,31 @@ def run_with_deadline(fn, *, timeout_s: float, what: str):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+def wrapper_problem(sglang_root: str | Path) -> str | None:
+    """None when the release's wrapper can run here; else why not. Before 0.5.10 its session id
+    comes from ``sglang.srt.utils`` helpers (``maybe_wrap_ipv6_address``), which the sandbox stubs;
+    before 0.5.6 there is no wrapper."""
+    path = Path(sglang_root) / WRAPPER
+    if not path.is_file():
+        return f"the release has no MooncakeTransferEngine wrapper ({WRAPPER})"
+    if "NetworkAddress" not in path.read_text(encoding="utf-8", errors="replace"):
+        return ("the release's MooncakeTransferEngine builds its session id with sglang.srt.utils helpers "
+                "that the sandbox stubs")
+    return None
+
+
+def engine_or_reason(sglang_root: str | Path, version: str, hostname: str = "127.0.0.1"):
+    """``(engine, None)`` with the release's real engine where its code and this machine allow,
+    else ``(None, why)``: the sandbox then keeps its session stand-in and says why."""
+    problem = wrapper_problem(sglang_root) or engine_import_problem()
+    if problem:
+        return None, problem
+    try:
+        return make_engine(sglang_root, version, hostname), None
+    except MooncakeUnavailable as exc:
+        return None, str(exc)
 
 
 def make_engine(sglang_root: str | Path, version: str, hostname: str = "127.0.0.1"):
