@@ -131,6 +131,8 @@ def test_release_without_the_backend_is_a_clear_error(tmp_path):
     # A Mooncake twin of a release it cannot serve is refused up front, naming why (never a hang).
     with pytest.raises(EnvironmentProblem, match=r"0\.5\.9 --backend mooncake: .*session id .*serves 0\.5\.10 to 0\.5\.23"):
         twin_api.up("0.5.9", backend="mooncake", directory=tmp_path)
+    with pytest.raises(EnvironmentProblem, match=r"--patched applies the NIXL fix to nixl/conn\.py"):
+        twin_api.up("0.5.14", backend="mooncake", patched=True, directory=tmp_path)
 
 
 @pytest.mark.timeout(120)

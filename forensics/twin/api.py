@@ -511,6 +511,9 @@ def _up_in(directory: Path, created: bool, sglang: str, *, patched: bool, backen
         if backend == "mooncake":
             from forensics.twin.release_mooncake import check_mooncake_served
 
+            if patched:
+                raise TwinError("--patched applies the NIXL fix to nixl/conn.py, which a Mooncake twin does not run "
+                                "(Mooncake's loop has its own ABORT case from 0.5.13)")
             check_mooncake_served(source)
         else:
             check_release_served(source)
