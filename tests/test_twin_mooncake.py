@@ -93,3 +93,26 @@ def test_killed_client_wedges_nixl_twin_but_mooncake_twin_stays_live(tmp_path, l
         assert mooncake.status().healthy
     finally:
         mooncake.down()
+
+
+@pytest.mark.skipif(ENGINE_PROBLEM is not None, reason=ENGINE_PROBLEM or "")
+@pytest.mark.parametrize(("release", "protocol"), [("0.5.12", "rdma"), ("0.5.14", "tcp"), ("0.5.23", "tcp")])
+def test_mooncake_twin_moves_kv_over_tcp_however_the_release_asks(release, protocol, tmp_path, leak_guard):
+    """0.5.12 hard-codes "rdma" (the engine, finding no RDMA device, listens on TCP); from 0.5.13 the
+    release reads MOONCAKE_PROTOCOL, which the twin sets to tcp. Either way the pages arrive intact."""
+    twin = twin_api.up(release, backend="mooncake", waiting_timeout=15, directory=tmp_path / release)
+    for role in ("prefill", "decode", "router"):
+        leak_guard.allow(twin.pid(role))
+    try:
+        response = httpx.post(twin.router + "/generate", timeout=120,
+                              json={"input_ids": list(range(4096)), "sampling_params": {"max_new_tokens": 1}})
+        assert response.status_code == 200, response.text
+        meta = response.json()["meta_info"]
+        assert meta["kv_intact"] is True and meta["kv_bytes"] == 1 << 20
+        assert 0 <= meta["bootstrap_room"] < 2**63 and isinstance(meta["bootstrap_room"], int)
+        for role in ("prefill", "decode"):
+            log = twin.log_text(role)
+            assert f"Using default malloc/free for protocol: {protocol}" in log
+            assert "TcpTransport: listen on port" in log
+    finally:
+        twin.down()

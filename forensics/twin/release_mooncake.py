@@ -204,10 +204,17 @@ def check_mooncake_served(source) -> None:
     problem = wrapper_problem(source.root)
     if problem:
         raise TwinError(f"sglang {source.version} --backend mooncake: {problem}; {served}")
-    conn = source.root / "sglang/srt/disaggregation/mooncake/conn.py"
     verified = getattr(source, "verified_read_text", None)  # the cache checks what is read
-    conn_text = verified(conn) if verified else conn.read_text(encoding="utf-8", errors="replace")
-    if "def send_metadata" not in conn_text:
+
+    def defines_send_metadata(relative: str) -> bool:
+        path = source.root / "sglang/srt/disaggregation" / relative
+        if not path.is_file():
+            return False
+        text = verified(path) if verified else path.read_text(encoding="utf-8", errors="replace")
+        return "def send_metadata" in text
+
+    # MooncakeKVReceiver defines it (0.5.10 to 0.5.22) or inherits CommonKVReceiver's (0.5.23).
+    if not (defines_send_metadata("mooncake/conn.py") or defines_send_metadata("common/conn.py")):
         raise TwinError(f"sglang {source.version} --backend mooncake: the release's MooncakeKVReceiver has no "
                         "send_metadata (its init sends the transfer info), which the twin's decode does not drive "
                         f"yet; {served}")
