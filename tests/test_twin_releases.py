@@ -163,7 +163,7 @@ def test_cli_up_status_down_json(tmp_path):
                           str(tmp_path / "bad"), "--json"], capture_output=True, text=True, timeout=60)
     # The exit contract: 4 (environment), one line on stderr, and with --json one document on stdout.
     assert bad.returncode == 4, bad.stderr
-    refusal = "0.5.1 --backend mooncake: the release has no MooncakeTransferEngine wrapper"
+    refusal = "0.5.1 --backend mooncake: the release's MooncakeTransferEngine is the older"
     assert len(bad.stderr.splitlines()) == 1 and refusal in bad.stderr
     error = json.loads(bad.stdout)
     assert (error["status"], error["exit"], error["kind"]) == ("error", 4, "TwinError")

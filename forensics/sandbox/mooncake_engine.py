@@ -36,6 +36,7 @@ from forensics.exitcodes import EnvironmentProblem
 ENGINE_PACKAGE = "mooncake-transfer-engine-non-cuda"
 ENGINE_PIN = "0.3.13.post1"  # the build measured here (also pinned in ./run)
 WRAPPER = "sglang/srt/distributed/device_communicators/mooncake_transfer_engine.py"
+OLD_WRAPPER = "sglang/srt/disaggregation/mooncake/transfer_engine.py"
 WRAPPER_MODULE = "sglang.srt.distributed.device_communicators.mooncake_transfer_engine"
 PROTOCOL_ENV_FROM = Version("0.5.13")
 
@@ -113,9 +114,12 @@ def run_with_deadline(fn, *, timeout_s: float, what: str):
 def wrapper_problem(sglang_root: str | Path) -> str | None:
     """None when the release's wrapper can run here; else why not. Before 0.5.10 its session id
     comes from ``sglang.srt.utils`` helpers (``maybe_wrap_ipv6_address``), which the sandbox stubs;
-    before 0.5.6 there is no wrapper."""
+    before 0.5.9 there is no wrapper (the engine lives in disaggregation/mooncake/transfer_engine.py)."""
     path = Path(sglang_root) / WRAPPER
     if not path.is_file():
+        if (Path(sglang_root) / OLD_WRAPPER).is_file():
+            return (f"the release's MooncakeTransferEngine is the older {OLD_WRAPPER} (before 0.5.9), "
+                    "which the sandbox and the twin do not load")
         return f"the release has no MooncakeTransferEngine wrapper ({WRAPPER})"
     if "NetworkAddress" not in path.read_text(encoding="utf-8", errors="replace"):
         return ("the release's MooncakeTransferEngine builds its session id with sglang.srt.utils helpers "

@@ -189,7 +189,7 @@ def check_mooncake_served(source) -> None:
     this machine and the release's code, never by a request that hangs:
 
     * the transfer engine does not import here (package or Debian libraries missing);
-    * the release has no ``MooncakeTransferEngine`` wrapper (before 0.5.6), or its session id
+    * the release has no ``MooncakeTransferEngine`` wrapper (before 0.5.9), or its session id
       comes from ``sglang.srt.utils`` helpers that the sandbox stubs (before 0.5.10: the id would
       read ``<sandbox stub ...>:port`` and no transfer could find the decode);
     * its ``MooncakeKVReceiver`` has no ``send_metadata`` (before 0.5.10 the transfer info goes
