@@ -37,6 +37,6 @@ def test_mooncake_sandbox_keeps_the_stand_in_where_the_release_cannot_use_the_en
 
 
 def test_tcp_choice_per_release_range():
-    assert transport_choice("0.5.12").startswith("protocol 'rdma' hard-coded")
+    assert transport_choice("0.5.12").startswith("protocol 'rdma' hard-coded by the release; MC_FORCE_TCP=1")
     assert transport_choice("0.5.13").startswith("MOONCAKE_PROTOCOL=tcp")
     assert transport_choice("0.5.23").startswith("MOONCAKE_PROTOCOL=tcp")

@@ -98,7 +98,7 @@ def test_killed_client_wedges_nixl_twin_but_mooncake_twin_stays_live(tmp_path, l
 @pytest.mark.skipif(ENGINE_PROBLEM is not None, reason=ENGINE_PROBLEM or "")
 @pytest.mark.parametrize(("release", "protocol"), [("0.5.12", "rdma"), ("0.5.14", "tcp"), ("0.5.23", "tcp")])
 def test_mooncake_twin_moves_kv_over_tcp_however_the_release_asks(release, protocol, tmp_path, leak_guard):
-    """0.5.12 hard-codes "rdma" (the engine, finding no RDMA device, listens on TCP); from 0.5.13 the
+    """0.5.12 hard-codes "rdma" (the twin's MC_FORCE_TCP=1 makes the engine use TCP); from 0.5.13 the
     release reads MOONCAKE_PROTOCOL, which the twin sets to tcp. Either way the pages arrive intact."""
     twin = twin_api.up(release, backend="mooncake", waiting_timeout=15, directory=tmp_path / release)
     for role in ("prefill", "decode", "router"):
@@ -114,5 +114,7 @@ def test_mooncake_twin_moves_kv_over_tcp_however_the_release_asks(release, proto
             log = twin.log_text(role)
             assert f"Using default malloc/free for protocol: {protocol}" in log
             assert "TcpTransport: listen on port" in log
+            if protocol == "rdma":
+                assert "MC_FORCE_TCP is set, using TCP transport only" in log
     finally:
         twin.down()

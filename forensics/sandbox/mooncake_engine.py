@@ -13,11 +13,13 @@ are installed, and moves host memory between two processes over TCP.
 How TCP is chosen, per release (the wrapper always initializes with metadata ``P2PHANDSHAKE``):
 
 * 0.5.13 and later: the wrapper passes ``envs.MOONCAKE_PROTOCOL`` (default ``"rdma"``); the
-  twin sets ``MOONCAKE_PROTOCOL=tcp`` in its processes, as an operator without RDMA would.
-  (These releases also honour ``MC_FORCE_TCP=1``, which only clears the IB device name.)
-* before 0.5.13: the wrapper passes ``"rdma"`` hard-coded; this engine build finds no RDMA
-  device, logs ``No RDMA devices found`` and installs its TCP transport instead (measured
-  here: same bytes, same API).
+  sandbox and the twin set ``MOONCAKE_PROTOCOL=tcp`` in their processes, as an operator without
+  RDMA would. (These releases also read ``MC_FORCE_TCP=1``, only to clear the IB device name.)
+* before 0.5.13: the wrapper passes ``"rdma"`` hard-coded. The engine itself reads
+  ``MC_FORCE_TCP=1`` ("MC_FORCE_TCP is set, using TCP transport only"), which the sandbox and
+  the twin set, so a host with an RDMA NIC stays on loopback TCP too. Without it, this engine
+  build on a host with no RDMA device logs ``No RDMA devices found`` and installs its TCP
+  transport anyway (measured here: same bytes, same API).
 
 :func:`transport_choice` states which of the two applies to a release.
 """
@@ -59,14 +61,17 @@ def transport_choice(version: str) -> str:
     """How a twin of ``version`` ends up on TCP (see the module docstring)."""
     if Version(version) >= PROTOCOL_ENV_FROM:
         return "MOONCAKE_PROTOCOL=tcp (read by the release's MooncakeTransferEngine.initialize)"
-    return ("protocol 'rdma' hard-coded by the release; the engine finds no RDMA device and "
-            "falls back to its TCP transport")
+    return ("protocol 'rdma' hard-coded by the release; MC_FORCE_TCP=1 (read by the engine) makes it TCP "
+            "(with no RDMA device the engine falls back to TCP by itself)")
 
 
 def select_tcp(version: str) -> None:
-    """Set what makes the release's wrapper choose TCP, before it initializes the engine."""
+    """Set what makes the release's wrapper (or, before 0.5.13, the engine) choose TCP, before the
+    engine initializes."""
     if Version(version) >= PROTOCOL_ENV_FROM:
         os.environ["MOONCAKE_PROTOCOL"] = "tcp"
+    else:
+        os.environ["MC_FORCE_TCP"] = "1"
 
 
 def wrapper_class(sglang_root: str | Path):
