@@ -126,8 +126,13 @@ def test_release_that_cannot_be_fetched_is_a_clear_error(tmp_path, monkeypatch):
 def test_release_without_the_backend_is_a_clear_error(tmp_path):
     with pytest.raises(EnvironmentProblem, match=r"sglang 0\.5\.1 has no mori backend"):
         twin_api.up("0.5.1", backend="mori", directory=tmp_path)
-    with pytest.raises(EnvironmentProblem, match=r"NIXL backend only \(got --backend mooncake\)"):
-        twin_api.up("0.5.15", backend="mooncake", directory=tmp_path)
+    with pytest.raises(EnvironmentProblem, match=r"runs the nixl and mooncake backends \(got --backend mori\)"):
+        twin_api.up("0.5.15", backend="mori", directory=tmp_path)
+    # A Mooncake twin of a release it cannot serve is refused up front, naming why (never a hang).
+    with pytest.raises(EnvironmentProblem, match=r"0\.5\.9 --backend mooncake: .*session id .*serves 0\.5\.10 to 0\.5\.23"):
+        twin_api.up("0.5.9", backend="mooncake", directory=tmp_path)
+    with pytest.raises(EnvironmentProblem, match=r"--patched applies the NIXL fix to nixl/conn\.py"):
+        twin_api.up("0.5.14", backend="mooncake", patched=True, directory=tmp_path)
 
 
 @pytest.mark.timeout(120)
@@ -158,7 +163,8 @@ def test_cli_up_status_down_json(tmp_path):
                           str(tmp_path / "bad"), "--json"], capture_output=True, text=True, timeout=60)
     # The exit contract: 4 (environment), one line on stderr, and with --json one document on stdout.
     assert bad.returncode == 4, bad.stderr
-    assert len(bad.stderr.splitlines()) == 1 and "NIXL backend only (got --backend mooncake)" in bad.stderr
+    refusal = "0.5.1 --backend mooncake: the release's MooncakeTransferEngine is the older"
+    assert len(bad.stderr.splitlines()) == 1 and refusal in bad.stderr
     error = json.loads(bad.stdout)
     assert (error["status"], error["exit"], error["kind"]) == ("error", 4, "TwinError")
-    assert "NIXL backend only (got --backend mooncake)" in error["error"]
+    assert refusal in error["error"]

@@ -27,6 +27,11 @@ JOURNAL_PRECISE = re.compile(
 # Other libraries' own lines in a server's output, e.g. NIXL's
 # "2026-11-30 11:17:50 NIXL INFO    _api.py:405 Backend UCX was instantiated".
 LIBRARY_LINE = re.compile(rb"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)? \S+ +(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) ")
+# Google-logging (glog) lines, e.g. the Mooncake transfer engine's in a Mooncake server's stderr:
+# "I1201 02:01:00.759861  3561 transfer_engine_py.cpp:120] Using default malloc/free ...", and the
+# line glog prints before it is initialized.
+GLOG_LINE = re.compile(rb"(?:[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\s\]]+:\d+\] "
+                       rb"|WARNING: Logging before InitGoogleLogging\(\) is written to STDERR)")
 JOURNAL_META = re.compile(rb"-- (?:Boot [0-9a-f]+ --|No entries --|Logs begin at|Journal begins at|Reboot --)")
 RANK_PART = re.compile(rb"([A-Z_]+?)(\d+)")
 

@@ -23,6 +23,7 @@ import numpy as np
 from forensics.logs import batchlines, catalogue, classify_bulk, timestamps
 from forensics.logs.batchstore import MISSING, BatchStore
 from forensics.logs.lineformats import (
+    GLOG_LINE,
     JOURNAL_ISO,
     JOURNAL_META,
     JOURNAL_PRECISE,
@@ -890,7 +891,8 @@ class SourceScanner:
         if not line.strip():
             return True
         if self.fmt == "plain":
-            return bool(SGLANG_PREFIX.match(line) or UVICORN_ACCESS.match(line) or LIBRARY_LINE.match(line))
+            return bool(SGLANG_PREFIX.match(line) or UVICORN_ACCESS.match(line) or LIBRARY_LINE.match(line)
+                        or GLOG_LINE.match(line))
         if JOURNAL_META.match(line):
             return True
         return split_line(line, self.fmt) is not None

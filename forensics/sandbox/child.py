@@ -36,9 +36,18 @@ class Session:
         from forensics.sandbox.shim import load_release
 
         self.release = load_release(setup["root"], nixl_conn=setup.get("conn_file"), version=setup["version"])
-        self.loop = PrefillLoop(self.release, backend=setup["backend"])
+        # Mooncake: each side gets the release's own MooncakeTransferEngine (TCP) where the release's
+        # code and this machine allow; otherwise the session stand-in, and info() says why.
+        engines, self.engine_note = (None, None), None
+        if setup["backend"] == "mooncake":
+            from forensics.sandbox.mooncake_engine import engine_or_reason
+
+            prefill_engine, self.engine_note = engine_or_reason(setup["root"], setup["version"])
+            decode_engine = engine_or_reason(setup["root"], setup["version"])[0] if prefill_engine else None
+            engines = (prefill_engine, decode_engine)
+        self.loop = PrefillLoop(self.release, backend=setup["backend"], mooncake_engine=engines[0])
         self.peer = DecodePeer(self.release, prefill_host=self.loop.host, prefill_port=self.loop.port,
-                               backend=setup["backend"])
+                               backend=setup["backend"], mooncake_engine=engines[1])
         self.context = zmq.Context()
         self.push = self.context.socket(zmq.PUSH)
         self.push.setsockopt(zmq.LINGER, 0)
@@ -55,6 +64,7 @@ class Session:
             "endpoint": self.loop.endpoint,
             "nixl": self.release.nixl,
             "agent": self.loop.agent_kind,
+            "engine_note": self.engine_note,  # why a Mooncake sandbox kept the stand-in (None: real engine)
             "stubbed": dict(sorted(self.release.stubbed.items())),
             "threads": self.loop.thread_info(),
             "overrides": self.loop.overrides,

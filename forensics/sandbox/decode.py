@@ -36,6 +36,7 @@ class DecodePeer:
         prefill_port: int,
         backend: str = "nixl",
         host: str = "127.0.0.1",
+        mooncake_engine=None,
     ) -> None:
         self.release = release
         self.backend = backend
@@ -89,7 +90,10 @@ class DecodePeer:
         for name, value in decode_only.items():
             setattr(self.manager, name, value)
         if backend == "mooncake":
-            mooncake_state(self.manager, host, self.port)
+            mooncake_state(self.manager, host, self.port, engine=mooncake_engine)
+            if mooncake_engine is not None:
+                self.agent_kind = "mooncake transfer engine (TCP)"
+                self.manager.register_buffer_to_engine()  # the release's own batch_register
         if backend == "nixl" and hasattr(self.manager, "register_buffer_to_engine"):
             self.manager.register_buffer_to_engine()
 

@@ -80,3 +80,18 @@ def decode_thread_start(cls: type):
         return [i for i, text in enumerate(texts) if "_thread(" in text]
 
     return init_statements(cls, "DECODE", select)
+
+
+def mooncake_prefill_start(cls: type):
+    """Mooncake's prefill branch without its ``self.start_prefill_thread()`` (the loop starts that
+    itself): the session bookkeeping, the transfer queues, one ``ThreadPoolExecutor`` per queue,
+    ``check_mooncake_custom_mem_pool_enabled``, the ``transfer_worker`` threads and (where the
+    release has it and its setting is on) the failed-session probe. Every statement is the
+    release's; the engine it uses is whatever the manager's ``engine`` is."""
+
+    def select(texts: list[str]) -> list[int]:
+        if not any("self.transfer_worker" in text for text in texts):
+            raise SandboxError(f"{cls.__name__}.__init__: no prefill statements starting transfer_worker threads")
+        return [i for i, text in enumerate(texts) if "start_prefill_thread" not in text]
+
+    return init_statements(cls, "PREFILL", select)

@@ -153,10 +153,13 @@ class MooncakeSessionStandIn:
         return f"MooncakeSessionStandIn({self.session_id!r})"
 
 
-def mooncake_state(mgr, host: str, port: int) -> None:
-    """Attributes MooncakeKVManager.__init__ sets that its bootstrap and decode threads read."""
+def mooncake_state(mgr, host: str, port: int, engine=None) -> None:
+    """Attributes MooncakeKVManager.__init__ sets that its bootstrap and decode threads read.
+
+    ``engine``: the release's real ``MooncakeTransferEngine`` (the twin's, over TCP); without
+    one, :class:`MooncakeSessionStandIn` (the bootstrap loop alone never touches the engine)."""
     values = {
-        "engine": MooncakeSessionStandIn(f"{host}:{port}"),
+        "engine": engine if engine is not None else MooncakeSessionStandIn(f"{host}:{port}"),
         "session_lock": threading.Lock(),
         "failed_sessions": set(),
         "session_failures": collections.defaultdict(int),
@@ -168,7 +171,8 @@ def mooncake_state(mgr, host: str, port: int) -> None:
         "failed_session_probes": {},
         "state_layout_rejections": {},
         "state_strides_validated": set(),
-        "max_transfer_batch_indices": None,
+        # 0.5.20+: the cap on indices per batch transfer, compared with sizes in send_kvcache.
+        "max_transfer_batch_indices": _env_value(_envs(), "SGLANG_MOONCAKE_MAX_TRANSFER_BATCH_INDICES", None),
     }
     for name, value in values.items():
         setattr(mgr, name, value)

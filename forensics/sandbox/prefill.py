@@ -88,8 +88,10 @@ class PrefillLoop:
         capture_logs: bool = True,
         kv: HostKV | None = None,
         transfer_workers: bool = False,
+        mooncake_engine=None,
     ) -> None:
         self.release = release
+        self._mooncake_engine = mooncake_engine  # the release's real MooncakeTransferEngine (twin)
         self._kv = kv
         self._want_transfer_workers = transfer_workers
         self.backend = backend
@@ -119,7 +121,12 @@ class PrefillLoop:
         self.threads: list[threading.Thread] = []
         self.transfer_threads: list[threading.Thread] = []
         self.host_kv = self._kv if self._kv is not None else HostKV.allocate()
-        self.agent, self.agent_kind = make_agent("prefill") if self.backend == "nixl" else (None, "none (mooncake)")
+        if self.backend == "nixl":
+            self.agent, self.agent_kind = make_agent("prefill")
+        else:
+            self.agent = None
+            self.agent_kind = ("mooncake transfer engine (TCP)" if self._mooncake_engine is not None
+                               else "none (mooncake session stand-in)")
         pull = self.context.socket(zmq.PULL)
         pull.setsockopt(zmq.RCVHWM, 0)  # as sglang's get_zmq_socket_on_host does for PULL
         pull.setsockopt(zmq.LINGER, 0)
@@ -155,6 +162,8 @@ class PrefillLoop:
         self._start_thread()
         if self._want_transfer_workers and self.backend == "nixl":
             self._start_transfer_workers()
+        elif self._want_transfer_workers and self._mooncake_engine is not None:
+            self._start_mooncake_workers()
 
     # ------------------------------------------------------------------ setup
 
@@ -174,7 +183,10 @@ class PrefillLoop:
         for name, value in prefill_only.items():
             setattr(mgr, name, value)
         if self.backend == "mooncake":
-            mooncake_state(mgr, self.host, self.port)
+            mooncake_state(mgr, self.host, self.port, engine=self._mooncake_engine)
+            if self._mooncake_engine is not None:
+                # The release's own registration of this engine's KV and aux memory (batch_register).
+                mgr.register_buffer_to_engine()
         if self.backend == "nixl" and hasattr(mgr, "register_buffer_to_engine"):
             # The release's own registration of this engine's KV and aux memory with its agent.
             mgr.register_buffer_to_engine()
@@ -208,6 +220,17 @@ class PrefillLoop:
         statements = transfer_worker_start(type(self.manager))
         if statements is None:
             return
+        before = set(threading.enumerate())
+        statements(self.manager)
+        self.transfer_threads = [t for t in threading.enumerate() if t not in before]
+
+    def _start_mooncake_workers(self) -> None:
+        """Run the release's ``MooncakeKVManager.__init__`` prefill statements after its
+        ``start_prefill_thread()`` (:func:`.init_threads.mooncake_prefill_start`): its queues,
+        executors and ``transfer_worker`` threads, which move pages with the real engine."""
+        from forensics.sandbox.init_threads import mooncake_prefill_start
+
+        statements = mooncake_prefill_start(type(self.manager))
         before = set(threading.enumerate())
         statements(self.manager)
         self.transfer_threads = [t for t in threading.enumerate() if t not in before]

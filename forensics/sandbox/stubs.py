@@ -109,6 +109,14 @@ class Stub:
 
     __gt__ = __le__ = __ge__ = __lt__
 
+    # ``isinstance(x, torch.Tensor)`` (0.5.23's Mooncake transfer_worker): nothing on a CPU
+    # sandbox is an instance or subclass of a stubbed class.
+    def __instancecheck__(self, instance) -> bool:
+        return False
+
+    def __subclasscheck__(self, subclass) -> bool:
+        return False
+
     def __or__(self, other):
         return self
 

@@ -32,7 +32,7 @@ from forensics.twin.settings import DEFAULT_WAITING_TIMEOUT_S, TwinSettings
 
 INVENTORY_NAME = "inventory.toml"
 PAIR_CHECK_NAME = "pair-check.json"  # a mixed-version twin: what the prefill's loop did with each decode frame
-SUPPORTED_BACKENDS = ("nixl",)
+SUPPORTED_BACKENDS = ("nixl", "mooncake")
 PORT_NAMES = ("router", "prefill", "bootstrap", "decode")
 
 
@@ -523,12 +523,23 @@ def _up_in(directory: Path, created: bool, sglang: str, *, patched: bool, backen
     try:
         ports = list(listeners)
         source = fetch(sglang)  # raises SourceError (an EnvironmentProblem) naming the release
-        check_release_served(source)
         if backend not in source.backends():
             raise TwinError(f"sglang {sglang} has no {backend} backend (has: {', '.join(source.backends())})")
         if backend not in SUPPORTED_BACKENDS:
-            raise TwinError(f"the twin runs the NIXL backend only (got --backend {backend}); "
-                            "a mooncake twin is not built yet")
+            raise TwinError(f"the twin runs the {' and '.join(SUPPORTED_BACKENDS)} backends (got --backend {backend})")
+        # --- backend dispatch: what each backend's twin can serve, decided up front (exit 4) ---
+        if backend == "mooncake":
+            from forensics.twin.release_mooncake import check_mooncake_served
+
+            if patched:
+                raise TwinError("--patched applies the NIXL fix to nixl/conn.py, which a Mooncake twin does not run "
+                                "(Mooncake's loop has its own ABORT case from 0.5.13)")
+            check_mooncake_served(source)
+        else:
+            check_release_served(source)
+        # --- end backend dispatch ---
+        if decode_sglang and backend != "nixl":
+            raise TwinError("a mixed-version twin runs the NIXL backend only (its pair check replays NIXL frames)")
         mixed = _decode_release(source, decode_sglang, backend, fetch, directory) if decode_sglang else {}
         site = copy_release(source.root, directory / "site-packages")
         if patched:

@@ -333,17 +333,24 @@ class DecodeServer(httpserver.EngineEndpoints):
         self.settings = settings
         self.version = version
         self.release = load_release(settings.release_of("decode")[1], version=version)
-        self.agent = nx.make_agent(str(uuid.uuid4()), num_threads=0)
-        self.pool = nx.PagePool(self.agent, settings.pool_pages, settings.page_bytes)
-        self.aux = nx.PagePool(self.agent, 4096, nx.AUX_ITEM_BYTES)
         self.zmq = zmq.Context()
         self.pull = self.zmq.socket(zmq.PULL)  # the decode's rank_port (read by the release from 0.5.20)
         self.pull.setsockopt(zmq.LINGER, 0)
         rank_port = self.pull.bind_to_random_port(f"tcp://{settings.host}")
-        self.rd = ReleaseDecode(self.release, agent=self.agent, pool=self.pool, aux=self.aux,
-                                local_ip=settings.host, rank_port=rank_port,
-                                waiting_timeout=settings.waiting_timeout_s, backend=settings.backend,
-                                server_socket=self.pull)
+        # --- backend dispatch: the Mooncake twin lives in forensics.twin.release_mooncake ---
+        if settings.backend == "mooncake":
+            from forensics.twin.release_mooncake import mooncake_decode
+
+            self.agent, self.pool, self.aux, self.rd = mooncake_decode(settings, self.release, self.pull, rank_port)
+        else:
+            self.agent = nx.make_agent(str(uuid.uuid4()), num_threads=0)
+            self.pool = nx.PagePool(self.agent, settings.pool_pages, settings.page_bytes)
+            self.aux = nx.PagePool(self.agent, 4096, nx.AUX_ITEM_BYTES)
+            self.rd = ReleaseDecode(self.release, agent=self.agent, pool=self.pool, aux=self.aux,
+                                    local_ip=settings.host, rank_port=rank_port,
+                                    waiting_timeout=settings.waiting_timeout_s, backend=settings.backend,
+                                    server_socket=self.pull)
+        # --- end backend dispatch ---
         self.metrics = TwinMetrics(version, "decode")
         self.scheduler = DecodeScheduler(settings, self.rd, self.metrics, version)
         self.rd.start_threads()  # the release's own heartbeat (and, 0.5.20+, listener) threads

@@ -118,9 +118,11 @@ class PrefillScheduler:
         self.settings = settings
         self.engine = loop_owner  # forensics.sandbox.prefill.PrefillLoop
         self.KVPoll = loop_owner.KVPoll
-        # Up to 0.5.12 the NIXL path has no KVTransferError: its sender's failure_exception raises
-        # the stored error or RuntimeError("NIXL KVSender Exception"), which the scheduler prints bare.
-        self.KVTransferError = getattr(loop_owner.release.module("common.conn"), "KVTransferError", None)
+        # Before 0.5.13 the backend's conn.py defines KVTransferError (Mooncake's does); 0.5.12's NIXL
+        # path has none: its sender's failure_exception raises the stored error or a bare RuntimeError.
+        common = loop_owner.release.module("common.conn")
+        self.KVTransferError = getattr(common, "KVTransferError", None) or getattr(loop_owner.module, "KVTransferError",
+                                                                                   None)
         self.metrics = metrics
         self.version = version
         self.incoming: asyncio.Queue[PrefillRequest] = asyncio.Queue()
@@ -221,7 +223,7 @@ class PrefillScheduler:
     def _failure(self, room: int) -> str:
         mgr = self.engine.manager
         with mgr.failure_lock:
-            reason = mgr.failure_records.pop(room, None) or "NIXL KVSender Exception"
+            reason = mgr.failure_records.pop(room, None) or f"{type(mgr).__name__[:-len('KVManager')]}KVSender Exception"
         return str(self.KVTransferError(room, reason)) if self.KVTransferError else reason
 
     def _poll_bootstrap_queue(self) -> bool:
@@ -449,8 +451,15 @@ class PrefillServer(httpserver.EngineEndpoints):
         slots = max(64, 2 * nx.pages_for(settings.max_prefill_tokens * settings.bytes_per_token, settings.page_bytes))
         kv = HostKV.allocate(slots=slots, kv_item_bytes=settings.page_bytes, aux_slots=AUX_SLOTS,
                              aux_item_bytes=nx.AUX_ITEM_BYTES)
+        # --- backend dispatch: Mooncake moves pages with the release's own MooncakeTransferEngine ---
+        engine = None
+        if settings.backend == "mooncake":
+            from forensics.sandbox.mooncake_engine import make_engine
+
+            engine = make_engine(settings.sglang_root, version, settings.host)
+        # --- end backend dispatch ---
         self.loop = PrefillLoop(self.release, backend=settings.backend, host=settings.host, capture_logs=False,
-                                kv=kv, transfer_workers=True)
+                                kv=kv, transfer_workers=True, mooncake_engine=engine)
         self.metrics = TwinMetrics(version, "prefill")
         self.scheduler = PrefillScheduler(settings, self.loop, self.metrics, version)
         self.bootstrap = BootstrapServer()
