@@ -15,7 +15,7 @@ from forensics.crosscheck import DIED, NOT_SENT, SURVIVED, cross_check, predict
 
 pytestmark = [pytest.mark.server]
 BOUNDARY = ["0.5.12", "0.5.13", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.20", "0.5.22", "0.5.23"]
-BACKENDS = ["nixl"]
+BACKENDS = ["nixl", "mooncake"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
