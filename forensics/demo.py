@@ -315,6 +315,87 @@ def _diff(story: _Story, release: str) -> None:
     story.step("diff", "NIXL vs Mooncake handlers", gap is not None,
                (gap or f"no ABORT gap found; first finding: {headline[0] if headline else '-'}")
                + " (confirmed in the engine sandbox)" * bool(gap and _confirmed(handler_diff)), t0)
+    _mooncake_kill(story, release)
+
+
+@dataclass
+class KillOutcome:
+    """One killed client on a twin of ``release`` and ``backend``: what its prefill's loop did."""
+
+    release: str
+    backend: str
+    abort_reached: bool  # the prefill's loop took a frame after the kill (the decode's ABORT)
+    bootstrap_alive: bool | None
+    room: int | None  # the aborted room (63-bit, from the decode's log)
+    room_failed: bool  # the prefill's loop marked it Failed (its ABORT case)
+    abort_ack: bool  # ... and sent ABORT_ACK back (where the release does)
+    new_request: str  # what a request after the kill did
+    completed: bool
+    clients_killed: int
+
+    @property
+    def wedged(self) -> bool:
+        return self.abort_reached and self.bootstrap_alive is False and not self.completed
+
+    def sentence(self) -> str:
+        if not self.abort_reached:
+            return f"no ABORT reached the {self.backend} prefill after {self.clients_killed} killed client(s)"
+        if self.wedged:
+            return f"bootstrap thread DEAD after the ABORT (wedged); a new request {self.new_request}"
+        return ((f"room {self.room} marked Failed" if self.room_failed else f"room {self.room} not marked Failed")
+                + (", ABORT_ACK sent" if self.abort_ack else "")
+                + f"; bootstrap thread {'alive' if self.bootstrap_alive else 'DEAD'}; a new request {self.new_request}")
+
+    def to_dict(self) -> dict:
+        row = dict(self.__dict__)
+        row["room"] = None if self.room is None else str(self.room)  # 63-bit: exact as text
+        row["wedged"] = self.wedged
+        return row
+
+
+def same_kill(release: str, backend: str = "nixl", **twin_options) -> KillOutcome:
+    """Start a twin of ``release`` and ``backend``, kill one client mid-transfer, report what happened.
+
+    Kills again (at most 3 clients) until the prefill's loop has taken a frame after a kill:
+    on a loaded machine a kill can land outside the transfer wait.
+
+    Example: ``[fx.demo.same_kill("0.5.14", b).sentence() for b in ("nixl", "mooncake")]``
+    """
+    import re
+
+    from forensics import twin
+
+    with twin.up(release, backend=backend, **twin_options) as deployment:
+        def consumed() -> int:
+            return _twin_state(deployment.prefill)["frames_consumed"]
+
+        attempts, reached = 0, False
+        while attempts < KILL_ATTEMPTS and not reached:
+            attempts += 1
+            before = consumed()
+            kill_client_during_transfer_wait(deployment)
+            reached = bool(_wait_until(lambda seen=before: consumed() > seen, 10.0))
+        # The loop dies, if it does, as it reads the frame: give it the moment it takes.
+        dead = _wait_until(lambda: _bootstrap_alive(deployment) is False, 3.0)
+        rooms = re.findall(r"Sent abort notification for room (\d+)", deployment.log_text("decode"))
+        room = int(rooms[-1]) if rooms else None
+        prefill_log = deployment.log_text("prefill")
+        completed, after = generate(deployment.router, timeout=5.0 if dead else 30.0)
+        return KillOutcome(
+            release=release, backend=backend, abort_reached=reached, bootstrap_alive=not dead, room=room,
+            room_failed=room is not None and f"Received abort notification for room {room}, marked as Failed"
+            in prefill_log,
+            abort_ack=room is not None and f"Sent ABORT_ACK for room {room}" in prefill_log,
+            new_request=after, completed=completed, clients_killed=attempts)
+
+
+def _mooncake_kill(story: _Story, release: str) -> None:
+    """The same killed client on a Mooncake twin of the release: its loop has an ABORT case."""
+    t0 = time.monotonic()
+    outcome = same_kill(release, "mooncake")
+    story.step("diff", "the same kill on a Mooncake twin",
+               outcome.abort_reached and bool(outcome.bootstrap_alive) and outcome.room_failed and outcome.completed,
+               outcome.sentence(), t0)
 
 
 def _confirmed(handler_diff) -> bool:

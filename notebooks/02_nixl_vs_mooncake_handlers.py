@@ -88,11 +88,26 @@ print("rooms:", rooms)
 print("died of:", died_of[:1])
 
 # %% [markdown]
+# ## The same killed client on a NIXL twin and a Mooncake twin
+# One streaming client killed while its KV transfer is pending, on a twin of this release for each
+# backend (the release's own loops; Mooncake's real transfer engine over TCP). Where the map says
+# NIXL has no ABORT case, its twin wedges; Mooncake's marks the room Failed and goes on.
+
+# %%
+import pandas as pd
+
+kills = {backend: fx.demo.same_kill(release, backend) for backend in ("nixl", "mooncake")}
+for backend, outcome in kills.items():
+    print(f"{backend}: {outcome.sentence()}")
+pd.DataFrame([outcome.to_dict() for outcome in kills.values()]).set_index("backend")
+
+# %% [markdown]
 # ## Save the results
 
 # %%
 (out / "handlers.json").write_text(json.dumps(
     {"release": release, "headline": handler_diff.headline(), "diff": handler_diff.to_dict(),
-     "matrix": matrix.to_dict(), "sandbox": {"alive": alive, "rooms": {str(k): v for k, v in rooms.items()},
+     "matrix": matrix.to_dict(), "same_kill": {backend: outcome.to_dict() for backend, outcome in kills.items()},
+     "sandbox": {"alive": alive, "rooms": {str(k): v for k, v in rooms.items()},
                                              "died_of": died_of}}, indent=2, default=str))
 sorted(p.name for p in out.iterdir())

@@ -115,6 +115,8 @@ def test_demo_tells_the_whole_story_on_the_twin(tmp_path):
     # diagnose, diff, patch, validate: each saw what the incident predicts
     assert steps[("diagnose", "collect + diagnose")]["detail"].startswith("WEDGED")
     assert "ABORT" in steps[("diff", "NIXL vs Mooncake handlers")]["detail"]
+    assert re.match(r"room \d+ marked Failed, ABORT_ACK sent; bootstrap thread alive",
+                    steps[("diff", "the same kill on a Mooncake twin")]["detail"])
     assert steps[("patch", "deploy to the wedged twin")]["detail"].startswith("deployed")
     assert steps[("patch", "a new request after the kill")]["ok"]
     assert re.search(r"^0 thread deaths since the deploy; [1-9]\d* ABORT handled",

@@ -153,3 +153,8 @@ def test_02_finds_and_confirms_the_gap(executed):
     assert any("ABORT" in line and "thread dies" in line for line in saved["headline"])
     assert saved["sandbox"]["alive"] is False
     assert saved["sandbox"]["rooms"]["2"] == "Bootstrapping"
+    # the same killed client: the NIXL twin of 0.5.15 wedges, the Mooncake twin marks the room Failed
+    nixl, mooncake = saved["same_kill"]["nixl"], saved["same_kill"]["mooncake"]
+    assert nixl["abort_reached"] and nixl["wedged"] is True
+    assert mooncake["abort_reached"] and mooncake["bootstrap_alive"] and mooncake["room_failed"]
+    assert mooncake["completed"] and int(mooncake["room"]) < 2**63
