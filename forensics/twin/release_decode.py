@@ -153,6 +153,12 @@ class ReleaseDecode:
         self.threads = [t for t in threading.enumerate() if t not in before]
 
     @property
+    def completes_by_kv_status(self) -> bool:
+        """0.5.23+: the decode learns a transfer's end from the prefill's KV_STATUS message (read by
+        its listener thread), not from NIXL notifications tallied in a TransferStatus."""
+        return self._transfer_status_class() is None
+
+    @property
     def heartbeat_threads(self) -> list[threading.Thread]:
         return [t for t in self.threads if "heartbeat" in t.name.lower()]
 
@@ -194,16 +200,13 @@ class ReleaseDecode:
         return endpoint in self._lost
 
     def _transfer_status_class(self) -> type | None:
-        """The release's NIXL ``TransferStatus``; None (and ``self.unsupported`` says why) when the
-        release tracks transfers another way (0.5.23 reports KV status over ZMQ)."""
+        """The release's NIXL ``TransferStatus`` (the per-room notification tally its
+        ``update_transfer_status`` keeps), or None for 0.5.23+, whose decode learns a transfer's
+        end from the prefill's ``KV_STATUS`` message (read by its own listener thread) instead."""
         for module in (self.conn, self.common):
             found = getattr(module, "TransferStatus", None)
             if found is not None:
                 return found
-        self.unsupported = (
-            f"the twin's decode cannot yet drive sglang {self.release.version}'s NIXL receiver "
-            "(no TransferStatus / NIXL-notification tracking in nixl/conn.py); the prefill side runs for real"
-        )
         return None
 
     # ------------------------------------------------------------------ sockets
