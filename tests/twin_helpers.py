@@ -55,8 +55,12 @@ def kill_client_during_transfer_wait(twin, prompt_tokens: int = 3000) -> None:
     sock = open_stream(twin.router, prompt_tokens)
     wait_until(lambda: twin_state(twin.decode)["transfer_queue"] >= 1, 20, "the request in the decode transfer queue")
     sock.close()  # the client is gone; the router closes its upstream requests
-    wait_until(lambda: twin_state(twin.decode)["counters"]["transfer_failed"] > before, 20,
-               "the decode to fail the aborted transfer")
+    try:
+        wait_until(lambda: twin_state(twin.decode)["counters"]["transfer_failed"] > before, 20,
+                   "the decode to fail the aborted transfer")
+    except AssertionError as exc:  # say what each role did (pytest's tmp folders are recycled)
+        tails = {role: "\n".join(twin.log_text(role).splitlines()[-15:]) for role in ("router", "decode", "prefill")}
+        raise AssertionError(f"{exc}; decode state {twin_state(twin.decode)}; logs {tails}") from None
 
 
 def py_spy_dump(pid: int) -> str:
