@@ -54,6 +54,15 @@ def kill_client_during_transfer_wait(twin, prompt_tokens: int = 3000) -> None:
     before = twin_state(twin.decode)["counters"]["transfer_failed"]
     sock = open_stream(twin.router, prompt_tokens)
     wait_until(lambda: twin_state(twin.decode)["transfer_queue"] >= 1, 20, "the request in the decode transfer queue")
+    # The router answers the client only once both upstream responses are in hand; a client gone
+    # before that leaves them unclosed (router.forward's gather), so no AbortReq ever reaches the
+    # decode. Die once the stream is established, as a real client of a started stream does.
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = sock.recv(4096)
+        assert chunk, f"the router closed the stream before answering: {received!r}"
+        received += chunk
+    assert received.startswith(b"HTTP/1.1 200"), received
     sock.close()  # the client is gone; the router closes its upstream requests
     try:
         wait_until(lambda: twin_state(twin.decode)["counters"]["transfer_failed"] > before, 20,
