@@ -10,8 +10,11 @@ request walking sglang's decode queues:
   registration frame (with this process's real NIXL agent metadata and page-pool
   pointer); pages are allocated and the release's ``send_metadata`` sends the
   transfer-info frame;
-* transfer: the release's ``poll`` (waiting timeout, NIXL notification parsing) until
-  the KV pages arrive, which are then compared with what the prefill must have sent;
+* transfer: the release's ``poll`` (waiting timeout, NIXL notification parsing; on 0.5.23 the
+  status the release's listener thread set from the prefill's ``KV_STATUS``) until the KV pages
+  arrive, which are then compared with what the prefill must have sent; a failed transfer whose
+  ABORT armed a drain ack (deferred KV release, 0.5.21+ NIXL) keeps its pages until the prefill's
+  ``ABORT_ACK`` or the release's timeout;
 * running: one synthetic token per decode iteration, ``Decode batch`` lines every
   ``decode_log_interval`` iterations (when the gauges move too).
 
