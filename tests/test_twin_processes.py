@@ -229,28 +229,67 @@ def test_python_up_without_dir_removes_its_directory_and_a_named_port_clash_says
     assert not list((tmp_path / "other").glob("*.pid"))
 
 
-# ------------------------------------------------------------------ releases that would hang
+# ------------------------------------------------------------------ releases the twin cannot serve
 
 
-@pytest.mark.parametrize("version", ["0.5.17", "0.5.22"])
-def test_release_whose_requests_hang_is_refused(tmp_path, version):
+@pytest.mark.parametrize("version", ["0.5.1", "0.5.12.post1"])
+def test_release_the_twin_cannot_serve_is_refused_up_front(tmp_path, version):
+    """Before 0.5.13 the twin's prefill died at start (no common KVTransferError) and ``up`` waited out
+    its readiness deadline; now it refuses at once, naming what the release lacks."""
+    started = time.monotonic()
     result = _cli("twin", "up", "--sglang", version, "--dir", str(tmp_path / "twin"), "--json", timeout=60)
     assert result.returncode == 4, result.stdout + result.stderr
     doc = json.loads(result.stdout)
     assert (doc["exit"], doc["kind"]) == (4, "TwinError")
-    assert "serving 0.5.17+ is not built yet; the twin's own test shows requests hang" in doc["error"]
-    assert version in doc["error"] and "kv_layer_ids" in doc["error"] and len(result.stderr.splitlines()) == 1
-    assert not list((tmp_path / "twin").glob("*.pid"))
+    assert f"sglang {version}: the twin cannot serve this release" in doc["error"]
+    assert "common/conn.py defines no KVTransferError" in doc["error"] and len(result.stderr.splitlines()) == 1
+    assert not list((tmp_path / "twin").glob("*.pid")) and not list((tmp_path / "twin").glob("*.log"))
+    assert time.monotonic() - started < 30  # refused before any process started (a start waits up to 60 s)
 
 
-def test_the_release_check_reads_the_release_code():
+def _fork_of(version: str, root: Path, edits: dict[str, tuple[str, str]]) -> object:
+    """A copy of ``version``'s three conn.py files with ``edits`` (file -> (old, new)) applied: a fork
+    or a future release, as the check sees it."""
+    from types import SimpleNamespace
+
     from forensics.sglang_source import fetch
 
-    for version in ("0.5.15", "0.5.16", "0.5.23"):  # 0.5.23's decode refuses each request itself
+    source = fetch(version)
+    for relative in ("base/conn.py", "common/conn.py", "nixl/conn.py"):
+        text = source.verified_read_text(Path(source.root) / "sglang/srt/disaggregation" / relative)
+        if relative in edits:
+            old, new = edits[relative]
+            assert old in text, (relative, old)
+            text = text.replace(old, new)
+        target = root / "sglang/srt/disaggregation" / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    return SimpleNamespace(root=str(root), version=f"{version}+fork")
+
+
+def test_the_release_check_reads_the_release_code(tmp_path):
+    from forensics.sglang_source import fetch
+
+    for version in ("0.5.13", "0.5.16", "0.5.17", "0.5.19", "0.5.22", "0.5.23"):
         api.check_release_served(fetch(version))
-    for version in ("0.5.17", "0.5.19", "0.5.22"):
-        with pytest.raises(api.TwinError, match=r"KVArgs\.kv_layer_ids"):
+    for version in ("0.5.9", "0.5.12"):
+        with pytest.raises(api.TwinError, match=r"common/conn\.py defines no KVTransferError"):
             api.check_release_served(fetch(version))
+    # A KVArgs field the release's scheduler fills and the twin does not: named with its line.
+    fork = _fork_of("0.5.23", tmp_path / "kvargs", {"base/conn.py": (
+        "    kv_layer_ids: List[int]\n", "    kv_layer_ids: List[int]\n    kv_layer_scales: List[float]\n")})
+    with pytest.raises(api.TwinError, match=r"KVArgs\.kv_layer_scales \(base/conn\.py:\d+\) without a default"):
+        api.check_release_served(fork)
+    # A decode that learns a transfer's end neither from NIXL notifications nor from KV_STATUS.
+    fork = _fork_of("0.5.23", tmp_path / "silent", {"nixl/conn.py": ('    kv_status_msg_tag = b"KV_STATUS"\n', "")})
+    with pytest.raises(api.TwinError, match=r"learns a transfer's end neither from NIXL notifications"):
+        api.check_release_served(fork)
+    # The same refusal where up() makes it (the fork stands in for what fetch returns): nothing starts.
+    fork.backends = lambda: ["nixl"]
+    with pytest.raises(api.TwinError, match=r"0\.5\.23\+fork: the twin cannot serve"):
+        api._up_in(tmp_path, False, "0.5.23", patched=False, backend="nixl", base_port=None, host="127.0.0.1",
+                   waiting_timeout=30.0, started=time.monotonic(), fetch=lambda version: fork)
+    assert not list(tmp_path.glob("*.pid")) and not (tmp_path / api.INVENTORY_NAME).exists()
 
 
 # ------------------------------------------------------------------ fire-and-forget tasks

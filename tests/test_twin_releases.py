@@ -1,4 +1,4 @@
-"""Fixed releases survive the kill; 0.5.23 still dies on a foreign frame unless patched; bad input; down."""
+"""Fixed releases survive the kill; 0.5.17 to 0.5.23 serve; 0.5.23 dies on a foreign frame unless patched; bad input."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import psutil
 import pytest
 import zmq
+from packaging.version import Version
 from twin_helpers import kill_client_during_transfer_wait, twin_state, wait_until
 
 import forensics.twin as twin_api
@@ -79,11 +81,89 @@ def test_fixed_release_survives_the_kill_and_down_leaves_nothing(tmp_path, leak_
     assert not list(twin.directory.glob("*.pid"))
 
 
-@pytest.mark.timeout(180)
+def _generate(twin, text: str, *, stream: bool = False, max_new_tokens: int = 3) -> dict:
+    """One /generate through the router; the decode's meta_info (``kv_intact``: the pages it read
+    are the bytes the prefill must have sent for that room)."""
+    body = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens}, "stream": stream}
+    if not stream:
+        response = httpx.post(twin.router + "/generate", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        return response.json()["meta_info"]
+    with httpx.stream("POST", twin.router + "/generate", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        chunks = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert chunks[-1] == "[DONE]", chunks[-3:]
+    meta = json.loads(chunks[-2])["meta_info"]
+    assert meta["completion_tokens"] == max_new_tokens and len(chunks) == max_new_tokens + 2
+    return meta
+
+
+NEW_RELEASES = ["0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("release", NEW_RELEASES)
+def test_release_serves_and_survives_the_kill(tmp_path, release, leak_guard):
+    """0.5.17 to 0.5.23 serve (a non-streaming and a streaming /generate, KV verified by the decode),
+    and a client killed while its KV is pending is what the release's code makes of it: the decode's
+    own ABORT reaches the prefill's own loop, which fails that room and lives on (all are fixed
+    releases); from 0.5.21 the decode holds the room's pages until the prefill's ABORT_ACK, read by
+    the release's decode listener thread."""
+    twin = twin_api.up(release, waiting_timeout=15, directory=tmp_path, **TEST_SETTINGS)
+    try:
+        metas = [_generate(twin, "a twin of " + release * 40), _generate(twin, "streamed " * 60, stream=True)]
+        assert [m["kv_intact"] for m in metas] == [True, True], metas
+        assert all(isinstance(m["bootstrap_room"], int) and 0 <= m["bootstrap_room"] < 2**63 for m in metas)
+        decode = twin_state(twin.decode)
+        assert (decode["counters"]["kv_intact"], decode["counters"]["kv_mismatch"]) == (2, 0)
+        kv_status = release == "0.5.23"  # its decode learns a transfer's end from the prefill's KV_STATUS
+        assert decode["completion_signal"].startswith("KV_STATUS" if kv_status else "NIXL notifications")
+        assert decode["listener_received"].get("KV_STATUS", 0) == (2 if kv_status else 0)
+
+        kill_client_during_transfer_wait(twin)
+        [room] = re.findall(r"Sent abort notification for room (\d+) to ", twin.log_text("decode"))
+        wait_until(lambda: f"Received abort notification for room {room}, marked as Failed"
+                   in twin.log_text("prefill"), 20, "the prefill's loop to take the ABORT")
+        deferred = twin_state(twin.decode)["deferred_kv_release"]
+        # SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE defaults on from 0.5.21, where NIXL supports it.
+        assert deferred is (Version(release) >= Version("0.5.21"))
+        if deferred:
+            # The prefill's worker drained the room and acked; the release's listener recorded it.
+            wait_until(lambda: twin_state(twin.decode)["counters"]["deferred_release_drained"] == 1, 30,
+                       "the decode to release the held pages on the prefill's ABORT_ACK")
+            state = twin_state(twin.decode)
+            assert state["listener_received"].get("ABORT_ACK") == 1 and state["held_for_drain"] == 0
+            assert state["counters"]["deferred_release_timeout"] == 0
+        after = _generate(twin, "after the kill", max_new_tokens=2)
+        assert after["kv_intact"] is True
+        prefill = twin_state(twin.prefill)
+        assert prefill["bootstrap_thread_alive"] is True
+        log = twin.log_text("prefill")
+        assert "Foreign traffic?" not in log and "Exception in thread" not in log
+        assert twin_state(twin.decode)["counters"]["kv_mismatch"] == 0
+    finally:
+        twin.down()
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("patched", [False, True], ids=["unpatched", "patched"])
-def test_release_0_5_23_foreign_frame(tmp_path, patched):
+def test_release_0_5_23_serves_50_streams_and_foreign_frame(tmp_path, patched):
     twin = twin_api.up("0.5.23", patched=patched, directory=tmp_path, **TEST_SETTINGS)
     try:
+        before = twin_state(twin.decode)
+        prompts = [f"stream {i} " * (5 + 3 * i) for i in range(50)]  # 13 to 400 tokens, 1 to 25 pages of 4 KiB
+        with ThreadPoolExecutor(50) as pool:
+            metas = list(pool.map(lambda text: _generate(twin, text, stream=True), prompts))
+        assert all(meta["kv_intact"] is True for meta in metas), [m for m in metas if not m["kv_intact"]]
+        assert len({meta["bootstrap_room"] for meta in metas}) == 50
+        after = twin_state(twin.decode)
+        assert after["counters"]["kv_intact"] - before["counters"]["kv_intact"] == 50
+        assert after["counters"]["kv_mismatch"] == 0 and after["counters"]["transfer_failed"] == 0
+        # Every completion came the release's way: a KV_STATUS per room, read by its listener thread.
+        assert after["listener_received"].get("KV_STATUS", 0) - before["listener_received"].get("KV_STATUS", 0) == 50
+        assert [t["alive"] for t in after["release_threads"]] == [True, True]
+        assert twin_state(twin.prefill)["counters"]["transferred"] == 50
+
         _send_foreign_frame(twin)
         log = twin.log_text("prefill")
         if patched:
@@ -92,6 +172,7 @@ def test_release_0_5_23_foreign_frame(tmp_path, patched):
             # The patched loop took the frame and said so (the codemod's warning), naming what it dropped.
             wait_until(lambda: "Dropping a message on the bootstrap socket whose first part is b'FOREIGN' (2 parts)"
                        in twin.log_text("prefill"), 10, "the patched loop's warning")
+            assert _generate(twin, "served after the foreign frame", stream=True)["kv_intact"] is True
         else:
             wait_until(lambda: twin_state(twin.prefill)["bootstrap_thread_alive"] is False, 10, "the thread to die")
             log = twin.log_text("prefill")

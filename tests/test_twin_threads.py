@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from packaging.version import Version
 from twin_helpers import twin_state, wait_until
 
 import forensics.twin as twin_api
@@ -113,18 +114,31 @@ def test_decode_heartbeat_notices_a_stopped_prefill(twin, leak_guard):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("release", ["0.5.16", "0.5.23"])
+@pytest.mark.parametrize("release", ["0.5.16", "0.5.17", "0.5.20", "0.5.23"])
 def test_thread_check_ok_on_other_releases(tmp_path, release):
-    """0.5.16 (fixed, same threads); 0.5.23 (named HeartbeatChecker, the decode listener, workers with an
-    index; its decode refuses requests, its threads run all the same)."""
+    """0.5.16 and 0.5.17 (the same threads as 0.5.15); 0.5.20 (the decode listener, started
+    unconditionally from 0.5.20: KV_STATUS, STAGING_REQ, ABORT_ACK); 0.5.23 (named HeartbeatChecker,
+    the listener, workers with an index). Each serves a request first, then py-spy shows what the
+    release's own source starts, the listener blocked in the release's loop on the decode's socket."""
     deployment = twin_api.up(release, directory=tmp_path, **TEST_SETTINGS)
     try:
+        assert _generate(deployment, f"threads of {release}")["kv_intact"] is True
+        listener = Version(release) >= Version("0.5.20")
         expected = expected_threads(release, "nixl")
         for role in ("prefill", "decode"):
             dump = dump_threads(LocalHost(), deployment.pid(role), py_spy=PY_SPY)
             check = check_threads(dump, expected, role=role)
             assert check.ok, (release, role, check.findings, check.frame.to_string())
-            assert int(check.frame["found"].sum()) == (5 if role == "prefill" else
-                                                       (2 if release == "0.5.23" else 1))
+            assert int(check.frame["found"].sum()) == (5 if role == "prefill" else (2 if listener else 1))
+        pid = deployment.pid("decode")
+        dump = dump_threads(LocalHost(), pid, py_spy=PY_SPY)
+        listeners = [t for t in dump.raw[pid] if (t.get("thread_name") or "").endswith("(decode_listener_thread)")]
+        assert len(listeners) == (1 if listener else 0), [t.get("thread_name") for t in dump.raw[pid]]
+        for thread in listeners:
+            frames = [(f["name"], f["filename"]) for f in thread["frames"]]
+            assert any(name.endswith("decode_listener_thread") and path == str(deployment.nixl_conn())
+                       for name, path in frames), frames
+        state = twin_state(deployment.decode)
+        assert [t["alive"] for t in state["release_threads"]] == [True] * (2 if listener else 1)
     finally:
         deployment.down()

@@ -54,9 +54,22 @@ def kill_client_during_transfer_wait(twin, prompt_tokens: int = 3000) -> None:
     before = twin_state(twin.decode)["counters"]["transfer_failed"]
     sock = open_stream(twin.router, prompt_tokens)
     wait_until(lambda: twin_state(twin.decode)["transfer_queue"] >= 1, 20, "the request in the decode transfer queue")
+    # The router answers the client only once both upstream responses are in hand; a client gone
+    # before that leaves them unclosed (router.forward's gather), so no AbortReq ever reaches the
+    # decode. Die once the stream is established, as a real client of a started stream does.
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = sock.recv(4096)
+        assert chunk, f"the router closed the stream before answering: {received!r}"
+        received += chunk
+    assert received.startswith(b"HTTP/1.1 200"), received
     sock.close()  # the client is gone; the router closes its upstream requests
-    wait_until(lambda: twin_state(twin.decode)["counters"]["transfer_failed"] > before, 20,
-               "the decode to fail the aborted transfer")
+    try:
+        wait_until(lambda: twin_state(twin.decode)["counters"]["transfer_failed"] > before, 20,
+                   "the decode to fail the aborted transfer")
+    except AssertionError as exc:  # say what each role did (pytest's tmp folders are recycled)
+        tails = {role: "\n".join(twin.log_text(role).splitlines()[-15:]) for role in ("router", "decode", "prefill")}
+        raise AssertionError(f"{exc}; decode state {twin_state(twin.decode)}; logs {tails}") from None
 
 
 def py_spy_dump(pid: int) -> str:

@@ -48,51 +48,72 @@ class HostKV:
 
     def kv_args(self, kv_args_class: type, *, engine_rank: int = 0):
         """An instance of the release's ``KVArgs`` describing these buffers (a 1-GPU, TP=1 engine)."""
-        args = kv_args_class()
-        values = {
-            "engine_rank": engine_rank,
-            "kv_data_ptrs": [buf.ctypes.data for buf in self.kv],
-            "kv_data_lens": [buf.nbytes for buf in self.kv],
-            "kv_item_lens": [self.kv_item_bytes] * len(self.kv),
-            "kv_layer_ids": list(range(LAYERS)) * 2,
-            "kv_cache_dtype_str": "auto",
-            "kv_layout": None,
-            "aux_data_ptrs": [buf.ctypes.data for buf in self.aux],
-            "aux_data_lens": [buf.nbytes for buf in self.aux],
-            "aux_item_lens": [self.aux_item_bytes] * len(self.aux),
-            "state_types": [],
-            "state_data_ptrs": [],
-            "state_data_lens": [],
-            "state_item_lens": [],
-            "state_dim_per_tensor": [],
-            "state_layer_ids": [],
-            "state_slice_outer_counts": [],
-            "state_conv_shard_groups": [],
-            "is_hybrid_mla_backend": False,
-            "swa_kv_cache_layout": None,
-            "rust_http_port": None,
-            "hidden_kv_layers": LAYERS,
-            "draft_kv_layers": 0,
-            "state_type": "none",
-            "ib_device": None,
-            "ib_traffic_class": None,
-            "gpu_id": 0,
-            "kv_head_num": 1,
-            "total_kv_head_num": 1,
-            "page_size": 1,
-            "system_dp_rank": 0,
-            "pp_rank": 0,
-            "prefill_start_layer": 0,
-            "prefill_end_layer": LAYERS,
-            "prefill_pp_size": 1,
-            "mla_compression_ratios": None,
-            "kv_buf_groups": 1,
-            "total_kv_layers": LAYERS,
-            "decode_tp_size": 1,
-        }
-        for name, value in values.items():
-            setattr(args, name, value)
-        return args
+        return kv_args_for(
+            kv_args_class, engine_rank=engine_rank,
+            kv_data_ptrs=[buf.ctypes.data for buf in self.kv], kv_data_lens=[buf.nbytes for buf in self.kv],
+            kv_item_lens=[self.kv_item_bytes] * len(self.kv),
+            aux_data_ptrs=[buf.ctypes.data for buf in self.aux], aux_data_lens=[buf.nbytes for buf in self.aux],
+            aux_item_lens=[self.aux_item_bytes] * len(self.aux),
+        )
+
+
+def kv_args_for(kv_args_class: type, *, kv_data_ptrs: list[int], kv_data_lens: list[int], kv_item_lens: list[int],
+                aux_data_ptrs: list[int], aux_data_lens: list[int], aux_item_lens: list[int], engine_rank: int = 0):
+    """The release's ``KVArgs`` filled as a scheduler's ``_init_kv_manager`` fills it for a 1-GPU,
+    TP=1 engine of a ``LAYERS``-layer model: one region per layer's K, then per layer's V.
+
+    ``kv_layer_ids`` (read from 0.5.17 on: the decode packs them into its KV-args registration,
+    the prefill pairs its regions with the decode's by them) name each region's model layer, K
+    regions first, as a pool with per-layer ids reports them (``get_kv_layer_ids``: ``ids * 2``).
+    Both sides of a twin use this one description, so both agree on the layout, as two engines
+    serving the same model do. Fields a release does not read are harmless extra attributes.
+    """
+    args = kv_args_class()
+    regions = len(kv_data_ptrs)
+    values = {
+        "engine_rank": engine_rank,
+        "kv_data_ptrs": list(kv_data_ptrs),
+        "kv_data_lens": list(kv_data_lens),
+        "kv_item_lens": list(kv_item_lens),
+        "kv_layer_ids": list(range(regions // 2)) * 2,
+        "kv_cache_dtype_str": "auto",
+        "kv_layout": None,
+        "aux_data_ptrs": list(aux_data_ptrs),
+        "aux_data_lens": list(aux_data_lens),
+        "aux_item_lens": list(aux_item_lens),
+        "state_types": [],
+        "state_data_ptrs": [],
+        "state_data_lens": [],
+        "state_item_lens": [],
+        "state_dim_per_tensor": [],
+        "state_layer_ids": [],
+        "state_slice_outer_counts": [],
+        "state_conv_shard_groups": [],
+        "is_hybrid_mla_backend": False,
+        "swa_kv_cache_layout": None,
+        "rust_http_port": None,
+        "hidden_kv_layers": regions // 2,
+        "draft_kv_layers": 0,
+        "state_type": "none",
+        "ib_device": None,
+        "ib_traffic_class": None,
+        "gpu_id": 0,
+        "kv_head_num": 1,
+        "total_kv_head_num": 1,
+        "page_size": 1,
+        "system_dp_rank": 0,
+        "pp_rank": 0,
+        "prefill_start_layer": 0,
+        "prefill_end_layer": regions // 2,
+        "prefill_pp_size": 1,
+        "mla_compression_ratios": None,
+        "kv_buf_groups": 1,
+        "total_kv_layers": regions // 2,
+        "decode_tp_size": 1,
+    }
+    for name, value in values.items():
+        setattr(args, name, value)
+    return args
 
 
 def _as_host(mem_type: str) -> str:

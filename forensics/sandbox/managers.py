@@ -23,6 +23,7 @@ def server_args() -> types.SimpleNamespace:
     """The ServerArgs fields the sender and loop read, for a 1-GPU prefill without DP."""
     return types.SimpleNamespace(
         dp_size=1,
+        tp_size=1,
         enable_dp_attention=False,
         load_balance_method="round_robin",
         pp_size=1,
@@ -127,6 +128,12 @@ def common_manager_state(mgr, mode, *, socket, port: int, host: str, agent, kv_a
         "_state_layout_rejections": {},
         "_prepared_state_components": set(),
     }
+    # 0.5.17+ (NixlKVManager.__init__): the rank its transfer_worker writes into every KV, state
+    # and aux notification tag (``{room}_kv_{chunk}_{last}_{rank}``); before 0.5.17 the tags
+    # carry kv_args.engine_rank. Without it every transfer fails with an AttributeError inside
+    # the worker's try/except: the prefill marks the room Failed, while a 0.5.17 to 0.5.19 decode
+    # (no KV_STATUS from the prefill) waits out its waiting timeout.
+    values["transfer_source_rank"] = kv_args.pp_rank * values["server_args"].tp_size + kv_args.engine_rank
     for name, value in values.items():
         setattr(mgr, name, value)
     # As CommonKVManager.__init__ (0.5.19+): the release default, where the backend supports it.

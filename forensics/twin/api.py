@@ -361,30 +361,19 @@ def check_waiting_timeout(value) -> float:
 
 
 def check_release_served(source) -> None:
-    """Refuse (exit 4, naming what is missing) a release whose requests the twin would hang on.
+    """Refuse (exit 4, naming what is missing) a release whose requests the twin cannot serve.
 
-    Decided from the release's code: from 0.5.17 sglang's ``KVArgs`` carries ``kv_layer_ids`` and
-    the decode's KV-args registration (``_register_kv_args``) packs them; the twin's decode does
-    not provide them yet, so the receiver raises on the first request and, before this check,
-    every request hung (0.5.17 to 0.5.22; 0.5.16 answers in 0.3 s). 0.5.23 tracks transfers
-    without ``TransferStatus``: its decode refuses each request with a message instead.
+    Decided from the release's code (:func:`forensics.twin.release_check.missing_for_twin`): the
+    failure type, the KVArgs fields, the receiver methods the twin's decode calls, and how its
+    decode learns a transfer ended. A twin that started anyway would answer /ping while every
+    request failed or waited out its timeout; this says why before anything starts.
     """
-    disaggregation = Path(source.root) / "sglang/srt/disaggregation"
+    from forensics.twin.release_check import missing_for_twin
 
-    def text(relative: str) -> str:
-        path = disaggregation / relative
-        if not path.is_file():
-            return ""
-        verified = getattr(source, "verified_read_text", None)  # the cache checks what is read
-        return verified(path) if verified else path.read_text(encoding="utf-8", errors="replace")
-
-    per_layer = "kv_layer_ids" in text("base/conn.py")
-    tracks_transfers = any("class TransferStatus" in text(name) for name in ("nixl/conn.py", "common/conn.py"))
-    if per_layer and tracks_transfers:
-        raise TwinError(
-            f"sglang {source.version}: serving 0.5.17+ is not built yet; the twin's own test shows requests hang: "
-            "the release's NIXL KV-args registration sends per-layer ids (KVArgs.kv_layer_ids, new in 0.5.17) "
-            "that the twin's decode does not provide (0.5.16 and earlier are served)")
+    missing = missing_for_twin(source)
+    if missing:
+        raise TwinError(f"sglang {source.version}: the twin cannot serve this release (its NIXL code needs what the "
+                        f"twin does not provide): {'; '.join(missing)}")
 
 
 @contextlib.contextmanager

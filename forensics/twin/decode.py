@@ -10,8 +10,11 @@ request walking sglang's decode queues:
   registration frame (with this process's real NIXL agent metadata and page-pool
   pointer); pages are allocated and the release's ``send_metadata`` sends the
   transfer-info frame;
-* transfer: the release's ``poll`` (waiting timeout, NIXL notification parsing) until
-  the KV pages arrive, which are then compared with what the prefill must have sent;
+* transfer: the release's ``poll`` (waiting timeout, NIXL notification parsing; on 0.5.23 the
+  status the release's listener thread set from the prefill's ``KV_STATUS``) until the KV pages
+  arrive, which are then compared with what the prefill must have sent; a failed transfer whose
+  ABORT armed a drain ack (deferred KV release, 0.5.21+ NIXL) keeps its pages until the prefill's
+  ``ABORT_ACK`` or the release's timeout;
 * running: one synthetic token per decode iteration, ``Decode batch`` lines every
   ``decode_log_interval`` iterations (when the gauges move too).
 
@@ -36,6 +39,8 @@ import numpy as np
 import zmq
 from aiohttp import web
 
+from forensics.sandbox.managers import _env_value, _envs
+from forensics.sandbox.prefill import CountingSocket
 from forensics.twin import httpserver, wire
 from forensics.twin import nixl_transfer as nx
 from forensics.twin.logformat import decode_batch_line
@@ -88,7 +93,13 @@ class DecodeScheduler:
         # Arrival to KV verified (bootstrap + prefill forward + NIXL WRITE + notification), for benchmarks.
         self.recent_control_path_ms: deque[float] = deque(maxlen=1000)
         self.counters = {"kv_intact": 0, "kv_mismatch": 0, "transfer_failed": 0, "handshake_failed": 0,
-                         "aborts_sent_by_release": 0, "aborted": 0, "finished": 0}
+                         "aborts_sent_by_release": 0, "aborted": 0, "finished": 0,
+                         "deferred_release_drained": 0, "deferred_release_timeout": 0}
+        # Failed transfers whose pages are held until the prefill acks the drain (ABORT_ACK) or the
+        # hold times out: (item, deadline, acks required), as sglang's _deferred_releases.
+        self.deferred_releases: list[tuple[DecodeRequest, float, int]] = []
+        self.deferred_release_timeout_s = float(_env_value(
+            _envs(), "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT", 30.0))
 
     def submit(self, req: wire.GenerationRequest) -> DecodeRequest:
         item = DecodeRequest(req=req, events=asyncio.Queue())
@@ -119,8 +130,48 @@ class DecodeScheduler:
         )
         counter.inc()
         self.counters[f"{stage}_failed"] += 1
-        self._release(item)
+        if stage == "transfer" and self._holds_for_drain(item):
+            self.deferred_releases.append((item, time.monotonic() + self.deferred_release_timeout_s,
+                                           len(item.receiver.bootstrap_infos)))
+        else:
+            self._release(item)
         self._finish(item, error=f"{stage} failed")
+
+    def _holds_for_drain(self, item: DecodeRequest) -> bool:
+        """Whether a failed transfer's pages must wait for the prefill's drain ack (sglang 0.5.19+,
+        ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE``, default on from 0.5.21 where the backend
+        supports it: NIXL from 0.5.21). Until every notified prefill rank has acked, its transfer
+        worker may still be writing into these pages; reusing them at once would let a later
+        request's KV be overwritten. As sglang's decode: a failure the decode did not initiate
+        still notifies (``ensure_abort_notified(force_arm=True)``, 0.5.21+), and a receiver that
+        never notified (no metadata published) has nothing in flight and is released at once."""
+        recv = item.receiver
+        if recv is None or not getattr(self.rd.manager, "enable_deferred_decode_kv_release", False):
+            return False
+        if not getattr(recv, "abort_notified", False) and hasattr(recv, "ensure_abort_notified"):
+            recv.ensure_abort_notified(force_arm=True)
+        return bool(getattr(recv, "abort_notified", False)) and getattr(recv, "bootstrap_infos", None) is not None
+
+    def _resolve_deferred_releases(self) -> None:
+        """Release held pages once the release's listener thread recorded an ABORT_ACK from every
+        notified prefill rank (``is_abort_release_safe``), or the hold timed out (sglang's warning)."""
+        if not self.deferred_releases:
+            return
+        now = time.monotonic()
+        held = []
+        for item, deadline, required_acks in self.deferred_releases:
+            room = item.req.bootstrap_room
+            drained = self.rd.manager.is_abort_release_safe(room, required_acks)
+            if not drained and now < deadline:
+                held.append((item, deadline, required_acks))
+                continue
+            if not drained:
+                decode_log.warning(
+                    f"Deferred KV release for room {room} timed out after {self.deferred_release_timeout_s}s "
+                    "without a full drain ack from prefill; releasing anyway.")
+            self.counters["deferred_release_drained" if drained else "deferred_release_timeout"] += 1
+            self._release(item)
+        self.deferred_releases = held
 
     # ------------------------------------------------------------------- loop
 
@@ -129,6 +180,7 @@ class DecodeScheduler:
             self._apply_aborts()
             await self._poll_prealloc()
             self._poll_transfer()
+            self._resolve_deferred_releases()
             now = time.monotonic()
             interval = 1.0 / self.settings.decode_rate_tps
             if self.running and now - self.last_decode >= interval:
@@ -137,7 +189,7 @@ class DecodeScheduler:
             if self.running:
                 wait = max(0.0, min(interval - (time.monotonic() - self.last_decode), TRANSFER_POLL_S
                                     if (self.transfer_queue or self.prealloc_queue) else interval))
-            elif self.transfer_queue or self.prealloc_queue:
+            elif self.transfer_queue or self.prealloc_queue or self.deferred_releases:
                 wait = TRANSFER_POLL_S
             else:
                 wait = None
@@ -279,6 +331,9 @@ class DecodeScheduler:
             self.aux_free.append(item.aux_index)
             item.aux_index = None
         if item.receiver is not None:
+            clear_deferred = getattr(self.rd.manager, "clear_deferred_abort_state", None)
+            if clear_deferred is not None:  # 0.5.19+: as sglang's _do_release, before the receiver's clear
+                clear_deferred(item.req.bootstrap_room)
             try:
                 item.receiver.clear()
             except Exception:  # clear() details differ per release; the room is done either way
@@ -326,6 +381,23 @@ class DecodeScheduler:
         item.events.put_nowait(("done", item.meta))
 
 
+class TaggedCountingSocket(CountingSocket):
+    """The decode's PULL socket as the release's listener thread reads it, counting each message by
+    its first frame when that is a tag (``KV_STATUS``, ``ABORT_ACK``, ``CHUNK_READY``...)."""
+
+    def __init__(self, socket: zmq.Socket) -> None:
+        super().__init__(socket)
+        self.tags: dict[str, int] = {}
+
+    def recv_multipart(self, *args, **kwargs):
+        frames = super().recv_multipart(*args, **kwargs)
+        first = frames[0] if frames else b""
+        tag = first.decode("ascii", "replace") if first[:1].isalpha() and first.isupper() else "untagged"
+        with self.condition:
+            self.tags[tag] = self.tags.get(tag, 0) + 1
+        return frames
+
+
 class DecodeServer(httpserver.EngineEndpoints):
     def __init__(self, settings: TwinSettings, version: str) -> None:
         from forensics.sandbox.shim import load_release
@@ -337,11 +409,16 @@ class DecodeServer(httpserver.EngineEndpoints):
         self.pull = self.zmq.socket(zmq.PULL)  # the decode's rank_port (read by the release from 0.5.20)
         self.pull.setsockopt(zmq.LINGER, 0)
         rank_port = self.pull.bind_to_random_port(f"tcp://{settings.host}")
+        # What the release's listener thread reads from it (0.5.20+ NIXL; Mooncake's decode_thread),
+        # counted by tag (KV_STATUS, ABORT_ACK, ...): the evidence that completions and drain acks
+        # arrive the release's way.
+        self.listened = TaggedCountingSocket(self.pull)
         # --- backend dispatch: the Mooncake twin lives in forensics.twin.release_mooncake ---
         if settings.backend == "mooncake":
             from forensics.twin.release_mooncake import mooncake_decode
 
-            self.agent, self.pool, self.aux, self.rd = mooncake_decode(settings, self.release, self.pull, rank_port)
+            self.agent, self.pool, self.aux, self.rd = mooncake_decode(settings, self.release, self.listened,
+                                                                       rank_port)
         else:
             self.agent = nx.make_agent(str(uuid.uuid4()), num_threads=0)
             self.pool = nx.PagePool(self.agent, settings.pool_pages, settings.page_bytes)
@@ -349,7 +426,7 @@ class DecodeServer(httpserver.EngineEndpoints):
             self.rd = ReleaseDecode(self.release, agent=self.agent, pool=self.pool, aux=self.aux,
                                     local_ip=settings.host, rank_port=rank_port,
                                     waiting_timeout=settings.waiting_timeout_s, backend=settings.backend,
-                                    server_socket=self.pull)
+                                    server_socket=self.listened)
         # --- end backend dispatch ---
         self.metrics = TwinMetrics(version, "decode")
         self.scheduler = DecodeScheduler(settings, self.rd, self.metrics, version)
@@ -442,6 +519,13 @@ class DecodeServer(httpserver.EngineEndpoints):
                     "release_threads": [{"name": t.name, "alive": t.is_alive()} for t in self.rd.threads],
                     "heartbeat_failures": dict(getattr(self.rd.manager, "heartbeat_failures", {})),
                     "known_prefills": sorted(self.rd.manager.prefill_info_table),
+                    "listener_received": dict(self.listened.tags),
+                    "completion_signal": ("KV_STATUS from the prefill, read by the release's decode listener"
+                                          if self.rd.completes_by_kv_status else
+                                          "NIXL notifications, read by the release's poll"),
+                    "deferred_kv_release": bool(getattr(self.rd.manager, "enable_deferred_decode_kv_release",
+                                                        False)),
+                    "held_for_drain": len(sched.deferred_releases),
                     "uptime_s": round(time.time() - self.started, 3),
                 },
             }],

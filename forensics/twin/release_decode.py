@@ -31,15 +31,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from types import SimpleNamespace
 
 import requests
 import zmq
 from packaging.version import Version
 from zmq.utils.monitor import parse_monitor_message
 
-from forensics.sandbox.host_memory import LAYERS
-from forensics.sandbox.managers import _env_value, _envs
+from forensics.sandbox.host_memory import LAYERS, kv_args_for
+from forensics.sandbox.managers import _env_value, _envs, common_manager_state, set_initial_values
 from forensics.sandbox.shim import LoadedRelease
 from forensics.twin.nixl_transfer import PagePool
 
@@ -96,20 +95,25 @@ class ReleaseDecode:
         decode_mode = release.module("sglang.srt.disaggregation.utils").DisaggregationMode.DECODE
         # One region per layer's K and V, as the prefill's model has (the sandbox's host KV
         # geometry); every region is the same page pool, so page i is the same bytes in all.
+        # The release's own KVArgs class, filled as its scheduler's _init_kv_manager fills it
+        # (0.5.17+ reads kv_layer_ids and state_layer_ids; the registration packs them).
         regions = 2 * LAYERS
-        kv_args = SimpleNamespace(
+        kv_args = kv_args_for(
+            release.module("base.conn").KVArgs,
             kv_data_ptrs=[pool.base_ptr] * regions, kv_data_lens=[pool.nbytes] * regions,
-            kv_item_lens=[pool.page_bytes] * regions, kv_data_mem_kinds=["DRAM"] * regions, aux_data_ptrs=[aux.base_ptr], aux_data_lens=[aux.nbytes],
-            aux_item_lens=[aux.page_bytes], state_data_ptrs=[], state_data_lens=[], state_item_lens=[],
-            state_dim_per_tensor=[], state_type="none", gpu_id=0, engine_rank=0, decode_tp_size=1,
-            prefill_start_layer=0, page_size=1, ib_device=None, system_dp_rank=0,
+            kv_item_lens=[pool.page_bytes] * regions, aux_data_ptrs=[aux.base_ptr], aux_data_lens=[aux.nbytes],
+            aux_item_lens=[aux.page_bytes],
         )
+        # The release's own initial values for its bookkeeping, then what CommonKVManager.__init__
+        # sets for one TP=1 rank (shared with the engine sandbox, so a release's new manager
+        # attributes, e.g. 0.5.17's dcp_size/dcp_rank, are set in one place for both sides).
+        set_initial_values(mgr)
+        common_manager_state(mgr, decode_mode, socket=server_socket, port=rank_port, host=local_ip, agent=agent,
+                             kv_args=kv_args)
+        kv_args.kv_data_mem_kinds = ["DRAM"] * regions  # the pool is host memory, registered as DRAM
         state = {
-            "kv_args": kv_args, "agent": agent, "disaggregation_mode": decode_mode, "is_mla_backend": False,
-            "local_ip": local_ip, "rank_port": rank_port, "attn_tp_size": 1, "attn_tp_rank": 0,
-            "attn_cp_size": 1, "attn_cp_rank": 0, "attn_dp_size": 1, "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0,
-            "system_dp_size": 1, "system_dp_rank": 0, "enable_staging": False, "_staging_handler": None,
-            "request_status": {}, "failure_records": {}, "failure_lock": threading.Lock(),
+            "is_mla_backend": False, "enable_staging": False, "_staging_handler": None,
+            "src_mem_kind": None,  # a prefill-side field; the decode sends nothing from its own KV
             "addr_to_rooms_tracker": defaultdict(set), "connection_pool": {}, "prefill_info_table": {},
             "required_prefill_response_num_table": {}, "prefill_response_tracker": defaultdict(set),
             "transfer_statuses": defaultdict(self._transfer_status_class() or dict), "waiting_timeout": waiting_timeout,
@@ -123,7 +127,6 @@ class ReleaseDecode:
             "max_failures": max(int(_env_value(_envs(), "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2)), 1),
             "prefill_dp_size_table": {}, "prefill_tp_size_table": {}, "prefill_attn_tp_size_table": {},
             "prefill_pp_size_table": {},
-            "server_socket": server_socket,  # the decode's PULL socket (read by 0.5.20+'s listener)
         }
         for key, value in state.items():
             setattr(mgr, key, value)
@@ -148,6 +151,12 @@ class ReleaseDecode:
         before = set(threading.enumerate())
         start(self.manager)
         self.threads = [t for t in threading.enumerate() if t not in before]
+
+    @property
+    def completes_by_kv_status(self) -> bool:
+        """0.5.23+: the decode learns a transfer's end from the prefill's KV_STATUS message (read by
+        its listener thread), not from NIXL notifications tallied in a TransferStatus."""
+        return self._transfer_status_class() is None
 
     @property
     def heartbeat_threads(self) -> list[threading.Thread]:
@@ -191,16 +200,13 @@ class ReleaseDecode:
         return endpoint in self._lost
 
     def _transfer_status_class(self) -> type | None:
-        """The release's NIXL ``TransferStatus``; None (and ``self.unsupported`` says why) when the
-        release tracks transfers another way (0.5.23 reports KV status over ZMQ)."""
+        """The release's NIXL ``TransferStatus`` (the per-room notification tally its
+        ``update_transfer_status`` keeps), or None for 0.5.23+, whose decode learns a transfer's
+        end from the prefill's ``KV_STATUS`` message (read by its own listener thread) instead."""
         for module in (self.conn, self.common):
             found = getattr(module, "TransferStatus", None)
             if found is not None:
                 return found
-        self.unsupported = (
-            f"the twin's decode cannot yet drive sglang {self.release.version}'s NIXL receiver "
-            "(no TransferStatus / NIXL-notification tracking in nixl/conn.py); the prefill side runs for real"
-        )
         return None
 
     # ------------------------------------------------------------------ sockets
