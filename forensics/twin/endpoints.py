@@ -51,6 +51,7 @@ HTTP_SERVER = SRT / "entrypoints/http_server.py"
 V1_LOADS = SRT / "entrypoints/v1_loads.py"
 PROTOCOL = SRT / "entrypoints/openai/protocol.py"
 SERVER_ARGS = SRT / "server_args.py"
+ARG_FIELDS = SRT / "arg_groups/fields"
 SCHEDULER = SRT / "managers/scheduler.py"
 LOAD_CLASSES = (SRT / "managers/io_struct.py", SRT / "managers/load_snapshot.py")
 
@@ -121,6 +122,39 @@ def _returned_dict(fn, functions: dict) -> ast.Dict | None:
     return None
 
 
+def _imported_function(root: Path, module: ast.Module, name: str, package: str = "", depth: int = 0):
+    """The definition of ``name`` that ``module`` imports (``from sglang.srt.utils import name``),
+    through a package's ``__init__`` re-export (``from x import *``, ``from .y import name``) if need be."""
+    for node in module.body if depth < 4 else ():
+        if not (isinstance(node, ast.ImportFrom) and any(a.name in (name, "*") for a in node.names)):
+            continue  # ("*": sglang/srt/utils/__init__.py re-exports utils/common.py so)
+        dotted = node.module or ""
+        if node.level:  # relative to the importing package
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            dotted = ".".join(base + ([dotted] if dotted else []))
+        for path, pkg in ((root / (dotted.replace(".", "/") + ".py"), dotted.rpartition(".")[0]),
+                          (root / dotted.replace(".", "/") / "__init__.py", dotted)):
+            target = _module(path) if path.is_file() else None
+            found = target and (_functions(target).get(name) or _imported_function(root, target, name, pkg, depth + 1))
+            if found:
+                return found
+    return None
+
+
+def _spread_keys(root: Path, module: ast.Module, found: ast.Dict) -> tuple[str, ...]:
+    """Keys a ``**helper(...)`` spread adds beyond the server args and scheduler info (0.5.21+'s
+    ``build_server_info``: ``result["k"] = ...``)."""
+    keys: list[str] = []
+    for key, value in zip(found.keys, found.values, strict=True):
+        if key is None and isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            fn = _functions(module).get(value.func.id) or _imported_function(root, module, value.func.id)
+            for node in ast.walk(fn) if fn is not None else ():
+                if isinstance(node, ast.Assign):
+                    keys += [t.slice.value for t in node.targets if isinstance(t, ast.Subscript)
+                             and isinstance(t.value, ast.Name) and isinstance(t.slice, ast.Constant)]
+    return tuple(keys)
+
+
 def _deprecation(fn) -> str | None:
     """The message of a ``logger.warning("...")`` the handler starts with (a deprecated name)."""
     for stmt in fn.body[:3]:
@@ -181,6 +215,21 @@ def _class_constant(root: Path, files: tuple[Path, ...], cls: str, name: str) ->
     return None
 
 
+def _server_arg_fields(root: Path) -> dict[str, Any]:
+    """``ServerArgs``' fields and defaults; from 0.5.21 its fields live in the namespace structs of
+    ``arg_groups/fields/*.py``, which ``ServerArgs.resolved_dict`` flattens by field name."""
+    fields = _class_fields(root, (SERVER_ARGS,), "ServerArgs")[0]
+    if fields:
+        return fields
+    for path in sorted((root / ARG_FIELDS).glob("*.py")):
+        module = _module(path)
+        for node in (module.body if module else []):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                fields.update({k: v for k, v in _class_fields(root, (path.relative_to(root),), node.name)[0].items()
+                               if not k.startswith("_")})  # private bookkeeping, not a server arg
+    return fields
+
+
 def _ready_keys(root: Path) -> tuple[str, ...]:
     """The keys of the scheduler's ``{"status": "ready", ...}`` (what ``/server_info`` spreads in)."""
     module = _module(root / SCHEDULER)
@@ -222,6 +271,24 @@ def _added_keys(fn) -> tuple[str, ...]:
     return tuple(keys)
 
 
+def _aggregate_rules(fn) -> dict[str, tuple[tuple[str, ...], bool, int | None]]:
+    """``_compute_aggregate``'s (0.5.8-0.5.12) keys, each as (the per-rank fields it adds up, whether
+    it divides by the rank count, the digits it rounds to), read from the dict it returns for ranks."""
+    found = [d for d in _dicts(fn) if any(isinstance(v, ast.Call) and not isinstance(v, ast.Constant)
+                                          for v in d.values)]
+    rules = {}
+    for key, value in (zip(found[-1].keys, found[-1].values, strict=True) if found else ()):
+        fields = tuple(n.slice.value for n in ast.walk(value)
+                       if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant))
+        mean = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in ast.walk(value))
+        digits = None
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "round" \
+                and len(value.args) == 2 and isinstance(value.args[1], ast.Constant):
+            digits = value.args[1].value
+        rules[key.value] = (fields, mean, digits)
+    return rules
+
+
 @dataclass
 class ReleaseEndpoints:
     """What one release's HTTP server answers on the informational routes, read from its source."""
@@ -238,12 +305,12 @@ class ReleaseEndpoints:
     ready_keys: tuple[str, ...] = ()
     internal_state_keys: tuple[str, ...] = ()
     loads_envelope: tuple[str, ...] = ()
-    loads_core: tuple[str, ...] = ()
+    loads_core: dict[str, Any] = field(default_factory=dict)  # field -> its default in the release
     loads_added: tuple[str, ...] = ()
     disagg_section: str | None = None
     disagg_fields: dict[str, Any] = field(default_factory=dict)
     valid_sections: frozenset[str] = frozenset()
-    aggregate_keys: tuple[str, ...] = ()
+    aggregate: dict[str, tuple[tuple[str, ...], bool, int | None]] = field(default_factory=dict)
     get_load_keys: tuple[str, ...] = ()
     unknown: set[str] = field(default_factory=set)  # keys answered None: the twin has no value
 
@@ -286,9 +353,9 @@ def read_release(root: str | Path, version: str) -> ReleaseEndpoints:
     server_info = routes.get("/server_info") or routes.get("/get_server_info")
     if server_info is not None:
         found = _returned_dict(server_info, functions)
-        spec.server_info_keys = _str_keys(found) if found is not None else ()
-    spec.server_args = {k: (None if v in (REQUIRED, FACTORY) else v)
-                        for k, v in _class_fields(root, (SERVER_ARGS,), "ServerArgs")[0].items()}
+        spec.server_info_keys = (_spread_keys(root, http, found) + _str_keys(found)) if found is not None else ()
+    spec.server_args = {k: (None if v is REQUIRED or v is FACTORY else v)
+                        for k, v in _server_arg_fields(root).items()}
     spec.ready_keys = _ready_keys(root)
     spec.internal_state_keys = _internal_state_keys(root)
 
@@ -299,15 +366,16 @@ def read_release(root: str | Path, version: str) -> ReleaseEndpoints:
         spec.loads_added = _added_keys(get_loads)
         aggregate = _functions(loads_module).get("_compute_aggregate")
         if aggregate is not None:
-            spec.aggregate_keys = max((_str_keys(d) for d in _dicts(aggregate)), key=len, default=())
+            spec.aggregate = _aggregate_rules(aggregate)
     outputs, notes, _ = _class_fields(root, LOAD_CLASSES, "GetLoadsReqOutput")
     if not outputs:  # 0.5.19+: the per-rank answer is a LoadSnapshot struct
         outputs, notes, _ = _class_fields(root, LOAD_CLASSES, "LoadSnapshot")
     sections = {name for name, note in notes.items() if "Metrics" in note}
-    spec.loads_core = tuple(n for n in outputs if n not in sections and n != "timestamp")
+    spec.loads_core = {n: d for n, d in outputs.items() if n not in sections and n != "timestamp"}
     spec.disagg_section = next((n for n in sections if "Disaggregation" in notes[n]), None)
     spec.disagg_fields, _, _ = _class_fields(root, LOAD_CLASSES, "DisaggregationMetrics")
-    spec.valid_sections = _class_constant(root, LOAD_CLASSES, "GetLoadsReqInput", "VALID_SECTIONS") or frozenset()
+    spec.valid_sections = (_class_constant(root, LOAD_CLASSES, "GetLoadsReqInput", "VALID_SECTIONS")
+                           or _class_constant(root, LOAD_CLASSES, "LoadSnapshot", "VALID_SECTIONS") or frozenset())
 
     get_load = routes.get("/get_load")
     if get_load is not None:
@@ -334,6 +402,8 @@ class Facts:
         self.max_total_num_tokens = max_total_num_tokens
         self.max_running_requests = max_running_requests
         self.started = started
+        # What the operator typed, as 0.5.21+ report it: the twin's own server process.
+        self.launch_command = f"python -m forensics.twin.{mode} --inventory <twin>/inventory.toml"
         self.server_args = {
             "model_path": MODEL, "tokenizer_path": MODEL, "served_model_name": MODEL, "host": host, "port": port,
             "disaggregation_mode": mode, "disaggregation_transfer_backend": backend, "tp_size": 1, "dp_size": 1,
@@ -366,12 +436,13 @@ def server_args(spec: ReleaseEndpoints, facts: Facts) -> dict[str, Any]:
 
 def model_info(spec: ReleaseEndpoints, facts: Facts) -> dict[str, Any]:
     args = server_args(spec, facts)
-    values = {"model_path": MODEL, "tokenizer_path": MODEL, "is_generation": True,
+    values = dict(args)  # 0.5.21+ also report server args here (load_format, reasoning_parser, ...)
+    values.update({"model_path": MODEL, "tokenizer_path": MODEL, "is_generation": True,
               "preferred_sampling_params": args.get("preferred_sampling_params"),
               "weight_version": args.get("weight_version"), "has_image_understanding": False,
               "has_audio_understanding": False,
               # The twin has no model config (no HF config.json): sglang reads these from it.
-              "model_type": None, "architectures": None}
+              "model_type": None, "architectures": None})
     return {k: _value(spec, "model_info", k, values) for k in spec.model_info_keys}
 
 
@@ -413,7 +484,9 @@ def server_info(spec: ReleaseEndpoints, facts: Facts, loads: dict[str, Any], twi
     state.update({k: _value(spec, "internal_state", k, state_values) for k in spec.internal_state_keys})
     state["twin"] = twin
     values = {"internal_states": [state], "version": spec.version,
-              "kv_events": None}  # None: KV-event publishing is off (no --kv-events-config)
+              "kv_events": None,  # None: KV-event publishing is off (no --kv-events-config)
+              "startup_time": facts.started, "frontend": "python",
+              "launch_command": facts.launch_command}
     out = dict(args)
     out.update({k: _value(spec, "scheduler_info", k, ready) for k in spec.ready_keys})
     out.update({k: _value(spec, "server_info", k, values) for k in spec.server_info_keys})
@@ -423,7 +496,11 @@ def server_info(spec: ReleaseEndpoints, facts: Facts, loads: dict[str, Any], twi
 def _load_row(spec: ReleaseEndpoints, loads: dict[str, Any], sections: set[str] | None) -> dict[str, Any]:
     values = dict(loads, dp_rank=0)
     values["num_total_reqs"] = loads["num_running_reqs"] + loads["num_waiting_reqs"]
-    row = {k: _value(spec, "loads", k, values) for k in spec.loads_core}
+    # A field the twin has no figure for keeps the release's own default, as in a struct built
+    # from what the scheduler set (0.5.19+ LoadSnapshot: every field has one); a required one is
+    # answered None and listed in ``unknown``.
+    row = {k: values[k] if k in values or d is REQUIRED or d is FACTORY else d for k, d in spec.loads_core.items()}
+    row.update({k: _value(spec, "loads", k, values) for k, d in spec.loads_core.items() if d is REQUIRED})
     if spec.disagg_section and (sections is None or _include_key(spec, spec.disagg_section) in sections):
         row[spec.disagg_section] = {k: _value(spec, "disaggregation", k, values) for k in spec.disagg_fields}
     for key in spec.loads_added:
@@ -438,15 +515,13 @@ def _include_key(spec: ReleaseEndpoints, section: str) -> str:
 
 def _aggregate(spec: ReleaseEndpoints, rows: list[dict[str, Any]]) -> dict[str, Any]:
     out = {}
-    for key in spec.aggregate_keys:
-        if key == "total_reqs":
-            out[key] = sum(r["num_running_reqs"] + r["num_waiting_reqs"] for r in rows)
-        elif key.startswith("total_") and f"num_{key[6:]}" in rows[0]:
-            out[key] = sum(r[f"num_{key[6:]}"] for r in rows)
-        elif key.startswith("avg_") and (base := next((b for b in (key[4:], f"gen_{key[4:]}") if b in rows[0]), None)):
-            out[key] = sum(r[base] for r in rows) / len(rows)
-        else:
+    for key, (fields, mean, digits) in spec.aggregate.items():
+        if not fields or not rows or any(f not in rows[0] for f in fields):
             out[key] = _value(spec, "aggregate", key, {})
+            continue
+        total = sum(r[f] for r in rows for f in fields)
+        value = total / len(rows) if mean else total
+        out[key] = round(value, digits) if digits is not None else value
     return out
 
 
@@ -462,6 +537,8 @@ def loads_answer(spec: ReleaseEndpoints, loads: dict[str, Any], query) -> tuple[
     dp_rank = query.get("dp_rank")
     rows = [] if dp_rank not in (None, "0") else [_load_row(spec, loads, sections)]
     values = {"timestamp": datetime.now(UTC).isoformat(), "version": spec.version, "dp_rank_count": len(rows),
+              # sglang's get_device_name() has no name for a CPU (None); tp_size * pp_size devices per rank
+              "accelerator": None, "num_accelerators": 1,
               "loads": rows, "aggregate": _aggregate(spec, rows) if rows else {}}
     return 200, {k: _value(spec, "v1_loads", k, values) for k in spec.loads_envelope}
 
