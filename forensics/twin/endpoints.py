@@ -41,7 +41,8 @@ from aiohttp import web
 log = logging.getLogger("sglang.srt.entrypoints.http_server")
 
 MODEL = "twin-synthetic"  # the twin's model: what wire.py writes in every OpenAI answer's "model"
-INFO_ROUTES = ("/v1/models", "/model_info", "/get_model_info", "/server_info", "/get_server_info",
+RETRIEVE_MODEL = "/v1/models/{model:path}"  # FastAPI's path parameter, as the release writes it
+INFO_ROUTES = ("/v1/models", RETRIEVE_MODEL, "/model_info", "/get_model_info", "/server_info", "/get_server_info",
                "/v1/loads", "/get_load")
 REQUIRED = object()  # a field without a default
 FACTORY = object()  # a field with a default_factory (ModelCard.created: the time of the answer)
@@ -300,6 +301,7 @@ class ReleaseEndpoints:
     model_card: dict[str, Any] = field(default_factory=dict)
     model_card_args: tuple[str, ...] = ()
     model_list: dict[str, Any] = field(default_factory=dict)
+    model_not_found: ast.Dict | None = None  # retrieve_model's {"error": {...}} for another name
     server_info_keys: tuple[str, ...] = ()  # the literal keys after the spread server args
     server_args: dict[str, Any] = field(default_factory=dict)
     ready_keys: tuple[str, ...] = ()
@@ -349,6 +351,12 @@ def read_release(root: str | Path, version: str) -> ReleaseEndpoints:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "ModelCard":
                 spec.model_card_args = tuple(k.arg for k in node.keywords if k.arg)
                 break
+
+    retrieve = routes.get(RETRIEVE_MODEL)
+    if retrieve is not None:
+        for node in _dicts(retrieve):
+            if _str_keys(node) == ("error",) and isinstance(node.values[0], ast.Dict):
+                spec.model_not_found = node.values[0]
 
     server_info = routes.get("/server_info") or routes.get("/get_server_info")
     if server_info is not None:
@@ -468,6 +476,22 @@ def models(spec: ReleaseEndpoints, facts: Facts) -> dict[str, Any]:
     return _pydantic(spec, spec.model_list, {"data": [card]}, "model_list")
 
 
+def retrieve_model(spec: ReleaseEndpoints, facts: Facts, model: str) -> tuple[int, dict[str, Any]]:
+    """``/v1/models/<name>``: the card of the served model, else the handler's 404 error (its message an
+    f-string over ``model``, filled in here)."""
+    if model == MODEL:
+        values = {"id": MODEL, "root": MODEL, "max_model_len": facts.context_len}
+        return 200, _pydantic(spec, spec.model_card, {k: values.get(k) for k in spec.model_card_args}, "model_card")
+    error = {}
+    for key, value in zip((spec.model_not_found.keys if spec.model_not_found else ()),
+                          (spec.model_not_found.values if spec.model_not_found else ()), strict=True):
+        if isinstance(value, ast.JoinedStr):
+            error[key.value] = "".join(str(v.value) if isinstance(v, ast.Constant) else model for v in value.values)
+        elif isinstance(value, ast.Constant):
+            error[key.value] = value.value
+    return 404, {"error": error}
+
+
 def server_info(spec: ReleaseEndpoints, facts: Facts, loads: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
     """``{**server_args, **scheduler_info, "internal_states": [...], "version": ..., ...}``; each DP
     rank's internal state is the server args plus what ``get_internal_state`` adds, and the twin's
@@ -579,6 +603,7 @@ def register(app: web.Application, spec: ReleaseEndpoints, engine) -> None:
 
     answers = {
         "/v1/models": lambda r: (200, models(spec, engine.facts)),
+        RETRIEVE_MODEL: lambda r: retrieve_model(spec, engine.facts, r.match_info["model"]),
         "/model_info": lambda r: (200, model_info(spec, engine.facts)),
         "/get_model_info": lambda r: (200, model_info(spec, engine.facts)),
         "/server_info": lambda r: (200, server_info(spec, engine.facts, engine.load_values(), engine.twin_state())),
@@ -589,4 +614,5 @@ def register(app: web.Application, spec: ReleaseEndpoints, engine) -> None:
     }
     for route in INFO_ROUTES:
         if spec.serves(route):
-            app.router.add_get(route, handler(route, answers[route]))
+            path = route.replace("{model:path}", "{model:.+}")  # aiohttp's spelling of a path parameter
+            app.router.add_get(path, handler(route, answers[route]))
