@@ -239,6 +239,8 @@ def test_0515_endpoints_on_servers_and_router(twin):
         assert (response.status_code, response.json()) == (404, {"detail": "Not Found"})
     # The deprecated names log the release's own warning.
     assert "Endpoint '/get_model_info' is deprecated" in twin.log_text("prefill")
+    # Every key the release answers had a value from the twin.
+    assert twin_state(twin.prefill)["endpoint_keys_unknown"] == twin_state(twin.decode)["endpoint_keys_unknown"] == []
 
 
 @pytest.mark.timeout(300)
@@ -358,6 +360,8 @@ def test_0523_endpoints_and_clients(tmp_path_factory, leak_guard):
             assert _get(url + "/get_load").status_code == 404  # gone since 0.5.21
             state = es.read_engine_state(url, engine=role)
             assert state.status == {"server_info": "ok", "loads": "ok"} and state.version == "0.5.23"
+            _get(url + "/v1/models")
+            assert twin_state(url)["endpoint_keys_unknown"] == []
         with httpx.Client(trust_env=False, timeout=60) as http:
             client = openai.OpenAI(base_url=new.router + "/v1", api_key="x", max_retries=0, http_client=http)
             # (Generation on a 0.5.23 twin is refused by its decode for now: release_decode.py.)

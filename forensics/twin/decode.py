@@ -462,6 +462,8 @@ class DecodeServer(httpserver.EngineEndpoints):
             "heartbeat_failures": dict(getattr(self.rd.manager, "heartbeat_failures", {})),
             "known_prefills": sorted(self.rd.manager.prefill_info_table),
             "uptime_s": round(time.time() - self.started, 3),
+            # Keys of the release's informational answers the twin had no value for (answered null).
+            "endpoint_keys_unknown": sorted(self.release_endpoints.unknown),
         }
 
     def stop(self) -> None:

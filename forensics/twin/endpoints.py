@@ -9,20 +9,24 @@ imported: sglang's modules pull in torch). Nothing here is a per-release table:
   that file includes it, the ``@router.get(...)`` of ``entrypoints/v1_loads.py``; the
   deprecation ``logger.warning`` a handler starts with is logged when it is called;
 * ``/model_info``: the keys of the dict literal its handler returns;
-* ``/v1/models``: the fields (and defaults) of ``ModelCard`` and ``ModelList`` in
-  ``entrypoints/openai/protocol.py`` and the keywords ``available_models`` passes;
-* ``/server_info``: the ``ServerArgs`` fields with their defaults (``server_args.py``),
-  the scheduler's ``{"status": "ready", ...}`` dict, the literal keys of the handler's
-  dict, and per DP rank the keys ``Scheduler.get_internal_state`` always sets;
-* ``/v1/loads``: the envelope keys of ``get_loads``, the ``GetLoadsReqOutput`` fields
-  (core keys and sections), ``DisaggregationMetrics``' fields, ``VALID_SECTIONS``, the
-  aggregate keys; ``/get_load``: the keys its handler builds (0.5.15) or
-  ``GetLoadReqOutput``'s fields (older releases).
+* ``/v1/models`` and ``/v1/models/<name>``: the fields (and defaults) of ``ModelCard`` and
+  ``ModelList`` in ``entrypoints/openai/protocol.py``, the keywords ``available_models``
+  passes, the error ``retrieve_model`` answers for another name;
+* ``/server_info``: the ``ServerArgs`` fields with their defaults (``server_args.py``; from
+  0.5.21 the namespace structs of ``arg_groups/fields/``), the scheduler's
+  ``{"status": "ready", ...}`` dict, the literal keys of the handler's dict and of the
+  helper it spreads (0.5.21+ ``build_server_info``), and per DP rank the keys
+  ``Scheduler.get_internal_state`` always sets;
+* ``/v1/loads``: the envelope keys of ``get_loads``, the fields of ``GetLoadsReqOutput``
+  (0.5.19+ ``LoadSnapshot``: core keys and sections), ``DisaggregationMetrics``' fields,
+  ``VALID_SECTIONS``, the sums and means of ``_compute_aggregate`` (0.5.8-0.5.12);
+  ``/get_load``: the keys its handler builds (0.5.12+) or ``GetLoadReqOutput``'s fields.
 
 The values come from the twin (its queues, pools, settings) by key name; a key the twin
-has no value for is answered ``None`` and listed in :attr:`ReleaseEndpoints.unknown`
-(the tests assert it stays empty for the releases they serve). A route the release does
-not register is not registered here either: aiohttp answers 404, with FastAPI's body.
+has no value for is answered ``None`` and listed in :attr:`ReleaseEndpoints.unknown`,
+which the engines report in their twin state (``endpoint_keys_unknown``) and the tests
+keep empty. A route the release does not register is not registered here either:
+aiohttp answers 404, with FastAPI's body.
 """
 
 from __future__ import annotations

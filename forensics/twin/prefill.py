@@ -560,6 +560,8 @@ class PrefillServer(httpserver.EngineEndpoints):
             "room_states": {str(k): v for k, v in list(self.loop.room_states().items())[-50:]},
             "nixl_agent": self.loop.agent_kind,
             "uptime_s": round(time.time() - self.started, 3),
+            # Keys of the release's informational answers the twin had no value for (answered null).
+            "endpoint_keys_unknown": sorted(self.release_endpoints.unknown),
         }
 
     def stop(self) -> None:
