@@ -58,6 +58,8 @@ PROTOCOL = SRT / "entrypoints/openai/protocol.py"
 SERVER_ARGS = SRT / "server_args.py"
 ARG_FIELDS = SRT / "arg_groups/fields"
 SCHEDULER = SRT / "managers/scheduler.py"
+# TokenizerManager's methods: in its own file, from 0.5.2 partly in a mixin
+TOKENIZER_MANAGER = (SRT / "managers/tokenizer_manager.py", SRT / "managers/tokenizer_communicator_mixin.py")
 LOAD_CLASSES = (SRT / "managers/io_struct.py", SRT / "managers/load_snapshot.py")
 
 
@@ -318,6 +320,7 @@ class ReleaseEndpoints:
     valid_sections: frozenset[str] = frozenset()
     aggregate: dict[str, tuple[tuple[str, ...], bool, int | None]] = field(default_factory=dict)
     get_load_keys: tuple[str, ...] = ()
+    get_load_list: bool = True  # one object per DP rank; 0.5.1-0.5.2 answer one object
     unknown: set[str] = field(default_factory=set)  # keys answered None: the twin has no value
 
     def serves(self, route: str) -> bool:
@@ -394,6 +397,12 @@ def read_release(root: str | Path, version: str) -> ReleaseEndpoints:
         found = _dicts(get_load)
         spec.get_load_keys = (_str_keys(found[0]) if found
                               else tuple(_class_fields(root, LOAD_CLASSES, "GetLoadReqOutput")[0]))
+        if not spec.get_load_keys:  # 0.5.1-0.5.2: TokenizerManager.get_load returns {"load": <tokens>}
+            for rel in TOKENIZER_MANAGER:
+                manager = _module(root / rel)
+                for node in ast.walk(manager) if manager else ():
+                    if isinstance(node, ast.AsyncFunctionDef) and node.name == "get_load" and _dicts(node):
+                        spec.get_load_keys, spec.get_load_list = _str_keys(_dicts(node)[-1]), False
     return spec
 
 
@@ -506,7 +515,7 @@ def server_info(spec: ReleaseEndpoints, facts: Facts, loads: dict[str, Any], twi
     state_values = {"last_gen_throughput": loads.get("gen_throughput", 0.0),
                     "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": facts.max_total_num_tokens},
                     "effective_max_running_requests_per_dp": facts.max_running_requests,
-                    "load": get_load(spec, loads)[0] if spec.get_load_keys else None,  # 0.5.1: the scheduler's get_load()
+                    "load": loads["num_total_tokens"],  # 0.5.1: the scheduler's get_load(), a token count
                     "world_size": 1, "startup_time": facts.started}
     state = dict(args)
     state.update({k: _value(spec, "internal_state", k, state_values) for k in spec.internal_state_keys})
@@ -571,12 +580,14 @@ def loads_answer(spec: ReleaseEndpoints, loads: dict[str, Any], query) -> tuple[
     return 200, {k: _value(spec, "v1_loads", k, values) for k in spec.loads_envelope}
 
 
-def get_load(spec: ReleaseEndpoints, loads: dict[str, Any]) -> list[dict[str, Any]]:
+def get_load(spec: ReleaseEndpoints, loads: dict[str, Any]) -> list[dict[str, Any]] | dict[str, Any]:
     values = dict(loads, dp_rank=0, num_reqs=loads["num_running_reqs"] + loads["num_waiting_reqs"],
                   num_tokens=loads["num_total_tokens"],
                   num_pending_tokens=loads["num_total_tokens"] - loads["num_used_tokens"],
-                  ts_tic=time.perf_counter())
-    return [{k: _value(spec, "get_load", k, values) for k in spec.get_load_keys}]
+                  ts_tic=time.perf_counter(),
+                  load=loads["num_total_tokens"])  # 0.5.1's Scheduler.get_load: tokens held plus queued
+    row = {k: _value(spec, "get_load", k, values) for k in spec.get_load_keys}
+    return [row] if spec.get_load_list else row
 
 
 # ------------------------------------------------------------------------------------- serving
