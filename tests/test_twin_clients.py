@@ -368,3 +368,33 @@ def test_0523_endpoints_and_clients(tmp_path_factory, leak_guard):
             assert [m.id for m in client.models.list().data] == [MODEL]
     finally:
         new.down()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_every_release_routes_and_answers():
+    """Every 0.5.x release: the routes read from its source match the boundaries found by hand
+    (grep of each wheel's http_server.py and v1_loads.py), and every answer has a value for each key."""
+    import json
+
+    from packaging.version import Version
+
+    releases = [r for r in sglang_source.available_releases() if Version("0.5.1") <= Version(r) <= Version("0.5.23")]
+    loads = dict(QUEUED)
+    for version in releases:
+        spec = endpoints.read_release(sglang_source.fetch(version).root, version)
+        v = Version(version)
+        expected = {"/v1/models", endpoints.RETRIEVE_MODEL, "/get_model_info", "/get_server_info"}
+        expected |= {"/model_info", "/server_info"} if v >= Version("0.5.6") else set()
+        expected |= {"/v1/loads"} if v >= Version("0.5.8") else set()
+        expected |= {"/get_load"} if v < Version("0.5.21") else set()
+        assert set(spec.served) == expected, version
+        facts = _Engine("prefill", loads).facts
+        answers = [endpoints.models(spec, facts), endpoints.model_info(spec, facts),
+                   endpoints.server_info(spec, facts, loads, {}), endpoints.retrieve_model(spec, facts, "other")]
+        if spec.serves("/v1/loads"):
+            answers.append(endpoints.loads_answer(spec, loads, {"include": "disagg"}))
+        if spec.serves("/get_load"):
+            answers.append(endpoints.get_load(spec, loads))
+        json.dumps(answers)
+        assert not spec.unknown, (version, spec.unknown)
