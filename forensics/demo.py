@@ -106,6 +106,8 @@ def _get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
 
 def _twin_state(base_url: str) -> dict:
     status, body = _get(base_url + "/server_info", timeout=5.0)
+    if status == 404:  # a release before 0.5.6 serves only the old name
+        status, body = _get(base_url + "/get_server_info", timeout=5.0)
     return json.loads(body)["internal_states"][0]["twin"]
 
 

@@ -323,7 +323,7 @@ def test_hundreds_of_late_probes_never_wedge_an_unpatched_slow_twin(twin):
     assert state["bootstrap_thread_alive"] is True
     aborts_before = _aborts_sent(twin.log_text("decode"))
     decode_aborted = twin_state(twin.decode)["counters"]["aborted"]
-    disconnects = httpx.get(twin.router + "/server_info").json()["counters"]["client_disconnects"]
+    disconnects = httpx.get(twin.router + "/get_server_info").json()["twin"]["counters"]["client_disconnects"]
     prefill = twin.inventory.engine("prefill")
     # Liveness on both real paths: through the router, and to the prefill+decode pair directly.
     targets = probes.targets_from(twin) + [probes.Target("pair", "pd", twin.prefill, prefill.bootstrap_port,
@@ -348,7 +348,7 @@ def test_hundreds_of_late_probes_never_wedge_an_unpatched_slow_twin(twin):
     assert (live["total_s"] >= 0.1).all()  # each waited out its full prefill, well past its deadline
     assert not sent["outcome"].isin(["in_flight", "late", "abandoned", "unanswered", "error"]).any()
     # Nothing of ours was aborted: no client disconnect at the router, no AbortReq, no ABORT frame.
-    assert httpx.get(twin.router + "/server_info").json()["counters"]["client_disconnects"] == disconnects
+    assert httpx.get(twin.router + "/get_server_info").json()["twin"]["counters"]["client_disconnects"] == disconnects
     assert twin_state(twin.decode)["counters"]["aborted"] == decode_aborted
     assert _aborts_sent(twin.log_text("decode")) == aborts_before
     assert twin_state(twin.prefill)["bootstrap_thread_alive"] is True

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
@@ -35,7 +36,13 @@ def status_code(url: str, timeout: float = 30.0) -> int:
 
 
 def twin_state(base_url: str) -> dict:
-    return get_json(base_url + "/server_info")["internal_states"][0]["twin"]
+    """The twin's own account from an engine's server info (``/get_server_info`` before 0.5.6)."""
+    try:
+        return get_json(base_url + "/server_info")["internal_states"][0]["twin"]
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise
+        return get_json(base_url + "/get_server_info")["internal_states"][0]["twin"]
 
 
 def open_stream(router: str, prompt_tokens: int) -> socket.socket:

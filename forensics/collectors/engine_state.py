@@ -44,6 +44,9 @@ DISAGG_INT_COLUMNS = (
     "decode_transfer_queue_reqs",
     "decode_retracted_queue_reqs",
 )
+# The name a column had in older releases' /v1/loads: 0.5.8 to 0.5.11's DisaggregationMetrics call the
+# prefill bootstrap queue "prefill_prealloc_queue_reqs" (renamed in 0.5.12, like the gauge).
+OLD_DISAGG_NAMES = {"prefill_bootstrap_queue_reqs": "prefill_prealloc_queue_reqs"}
 CORE_INT_COLUMNS = ("num_running_reqs", "num_waiting_reqs", "num_used_tokens", "num_total_tokens",
                     "max_total_num_tokens", "max_running_requests")
 
@@ -165,7 +168,8 @@ def loads_frame(payload: Any, *, engine: str = "", url: str = "", endpoint: str 
         "mode": pd.array([d.get("mode") if isinstance(d.get("mode"), str) else None for d in disagg], dtype="string"),
     }
     for column in DISAGG_INT_COLUMNS:
-        data[column] = pd.array([_exact_int(d.get(column)) for d in disagg], dtype="Int64")
+        old = OLD_DISAGG_NAMES.get(column)
+        data[column] = pd.array([_exact_int(d[column] if column in d else d.get(old)) for d in disagg], dtype="Int64")
     for column in ("kv_transfer_speed_gb_s", "kv_transfer_latency_ms"):
         data[column] = pd.array([_float(d.get(column)) for d in disagg], dtype="Float64").astype("float64")
     for column in CORE_INT_COLUMNS:

@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,8 +194,15 @@ class Deployment:
                 "bootstrap": self.bootstrap, "inventory": str(self.inventory_path)}
 
     def server_info(self, role: str, timeout: float = 5.0) -> dict:
-        url = self.inventory.engine(role).url + "/server_info"
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        """The engine's ``/server_info``, or ``/get_server_info`` where the release has only that (< 0.5.6)."""
+        base = self.inventory.engine(role).url
+        try:
+            with urllib.request.urlopen(base + "/server_info", timeout=timeout) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+        with urllib.request.urlopen(base + "/get_server_info", timeout=timeout) as response:
             return json.load(response)
 
     def status(self) -> TwinStatus:
@@ -211,6 +219,11 @@ class Deployment:
             entry = {"pid": pid, "alive": processes.ours(self.directory, role) is not None,
                      "url": self.inventory.engine(role).url}
             try:
+                if role == "router":  # mini_lb's /get_server_info asks every server: /health is its own answer
+                    with urllib.request.urlopen(entry["url"] + "/health", timeout=2.0):
+                        entry["answering"] = True
+                    result["roles"][role] = entry
+                    continue
                 info = self.server_info(role, timeout=2.0)
                 entry["answering"] = True
                 twin = (info.get("internal_states") or [{}])[0].get("twin", {})

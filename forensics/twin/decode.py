@@ -498,38 +498,63 @@ class DecodeServer(httpserver.EngineEndpoints):
     async def _wait_for_probe(self, item: DecodeRequest) -> None:
         await self._collect(item)
 
-    async def server_info(self, request: web.Request) -> web.Response:
+    # ------------------------------------------------ informational routes (forensics.twin.endpoints)
+
+    @property
+    def facts(self):
+        from forensics.twin.endpoints import Facts
+
+        return Facts(mode="decode", host=self.settings.host, port=self.settings.decode_port,
+                     backend=self.settings.backend, bootstrap_port=None,
+                     context_len=self.settings.max_prefill_tokens, max_total_num_tokens=self._capacity(),
+                     max_running_requests=self.aux.num_pages, started=self.started)  # one aux page per request
+
+    def _capacity(self) -> int:
+        return self.pool.num_pages * self.pool.page_bytes // self.settings.bytes_per_token
+
+    def load_values(self) -> dict:
+        """The scheduler's load by the names of sglang's ``/v1/loads`` and ``/get_load`` (live values)."""
         sched = self.scheduler
-        return web.json_response({
-            "version": self.version,
-            "disaggregation_mode": "decode",
-            "disaggregation_transfer_backend": self.settings.backend,
+        capacity = self._capacity()
+        used = (self.pool.num_pages - self.pool.free_pages) * self.pool.page_bytes // self.settings.bytes_per_token
+        generated = sum(item.generated for item in sched.running)
+        return {"num_running_reqs": len(sched.running), "num_waiting_reqs": 0, "num_waiting_uncached_tokens": 0,
+                "num_used_tokens": used + generated, "num_total_tokens": used + generated,
+                "max_total_num_tokens": capacity, "token_usage": (used + generated) / capacity,
+                "gen_throughput": float(len(sched.running) * self.settings.decode_rate_tps),
+                "cache_hit_rate": 0.0, "utilization": (used + generated) / capacity,
+                "max_running_requests": self.aux.num_pages, "mode": "decode",
+                "prefill_bootstrap_queue_reqs": 0, "prefill_prealloc_queue_reqs": 0, "prefill_inflight_queue_reqs": 0,
+                "decode_prealloc_queue_reqs": len(sched.prealloc_queue),
+                "decode_transfer_queue_reqs": len(sched.transfer_queue), "decode_retracted_queue_reqs": 0,
+                "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0}
+
+    def twin_state(self) -> dict:
+        """The twin's own account (``internal_states[0]["twin"]`` of ``/server_info``)."""
+        sched = self.scheduler
+        return {
             "sglang_root": self.settings.release_of("decode")[1],
-            "internal_states": [{
-                "last_gen_throughput": 0.0,
-                "twin": {
-                    "prealloc_queue": len(sched.prealloc_queue),
-                    "transfer_queue": len(sched.transfer_queue),
-                    "running": len(sched.running),
-                    "counters": dict(sched.counters),
-                    "free_pages": self.pool.free_pages,
-                    "recent_control_path_ms": list(sched.recent_control_path_ms),
-                    "waiting_timeout_s": self.settings.waiting_timeout_s,
-                    "release_sends_abort": self.rd.sends_abort,
-                    "release_threads": [{"name": t.name, "alive": t.is_alive()} for t in self.rd.threads],
-                    "heartbeat_failures": dict(getattr(self.rd.manager, "heartbeat_failures", {})),
-                    "known_prefills": sorted(self.rd.manager.prefill_info_table),
-                    "listener_received": dict(self.listened.tags),
-                    "completion_signal": ("KV_STATUS from the prefill, read by the release's decode listener"
-                                          if self.rd.completes_by_kv_status else
-                                          "NIXL notifications, read by the release's poll"),
-                    "deferred_kv_release": bool(getattr(self.rd.manager, "enable_deferred_decode_kv_release",
-                                                        False)),
-                    "held_for_drain": len(sched.deferred_releases),
-                    "uptime_s": round(time.time() - self.started, 3),
-                },
-            }],
-        })
+            "prealloc_queue": len(sched.prealloc_queue),
+            "transfer_queue": len(sched.transfer_queue),
+            "running": len(sched.running),
+            "counters": dict(sched.counters),
+            "free_pages": self.pool.free_pages,
+            "recent_control_path_ms": list(sched.recent_control_path_ms),
+            "waiting_timeout_s": self.settings.waiting_timeout_s,
+            "release_sends_abort": self.rd.sends_abort,
+            "release_threads": [{"name": t.name, "alive": t.is_alive()} for t in self.rd.threads],
+            "heartbeat_failures": dict(getattr(self.rd.manager, "heartbeat_failures", {})),
+            "known_prefills": sorted(self.rd.manager.prefill_info_table),
+            "listener_received": dict(self.listened.tags),
+            "completion_signal": ("KV_STATUS from the prefill, read by the release's decode listener"
+                                  if self.rd.completes_by_kv_status else
+                                  "NIXL notifications, read by the release's poll"),
+            "deferred_kv_release": bool(getattr(self.rd.manager, "enable_deferred_decode_kv_release", False)),
+            "held_for_drain": len(sched.deferred_releases),
+            "uptime_s": round(time.time() - self.started, 3),
+            # Keys of the release's informational answers the twin had no value for (answered null).
+            "endpoint_keys_unknown": sorted(self.release_endpoints.unknown),
+        }
 
     def stop(self) -> None:
         self.rd.close()

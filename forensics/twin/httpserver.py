@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from forensics.twin import endpoints, logformat
 from forensics.twin import inventory as inventory_mod
-from forensics.twin import logformat
 from forensics.twin.metrics import TwinMetrics
 from forensics.twin.settings import TwinSettings
 
@@ -68,9 +68,10 @@ def background_tasks() -> set[asyncio.Task]:
 class EngineEndpoints:
     """The endpoints the prefill and decode servers answer alike, with sglang's PD semantics.
 
-    The server supplies ``settings``, ``scheduler`` (``submit(request)``, ``abort(rid)``),
-    ``metrics``, ``generate``, ``server_info`` and ``_wait_for_probe(item)``, which waits for
-    the probe's one token.
+    The server supplies ``settings``, ``version``, ``scheduler`` (``submit(request)``,
+    ``abort(rid)``), ``metrics``, ``generate``, ``_wait_for_probe(item)`` (waits for the probe's
+    one token), and for the informational routes (:mod:`forensics.twin.endpoints`) ``facts``,
+    ``load_values()`` and ``twin_state()``.
     """
 
     def engine_app(self) -> web.Application:
@@ -83,8 +84,12 @@ class EngineEndpoints:
         app.router.add_get("/health", self.health)
         app.router.add_get("/health_generate", self.health)
         app.router.add_get("/metrics", metrics_handler(self.metrics))
-        app.router.add_get("/server_info", self.server_info)
-        app.router.add_get("/get_server_info", self.server_info)
+        # /v1/models, /model_info, /server_info, /v1/loads and their old names: only those the
+        # release registers, shaped by its source (a route it lacks answers FastAPI's 404).
+        # A mixed-version twin's decode reads its own release's source.
+        root = self.settings.release_of(self.facts.mode)[1]
+        self.release_endpoints = endpoints.read_release(root, self.version)
+        endpoints.register(app, self.release_endpoints, self)
         app.router.add_post("/abort_request", self.abort_request)
         app.router.add_get("/ping", self.ping)
         return app

@@ -18,7 +18,8 @@ In one process (title ``sglang::scheduler``, stderr captured to ``prefill.log``)
   the scheduler thread, and so does the twin (its own NIXL WRITE, synchronously);
 * ``/generate`` and the OpenAI endpoints (what the router sends), ``/health`` and
   ``/health_generate`` with sglang's PD semantics (a fake-bootstrap 1-token batch),
-  ``/metrics``, ``/server_info``.
+  ``/metrics``, and the informational routes the release serves (``/server_info``, ``/v1/loads``,
+  ``/v1/models``, ...: :mod:`forensics.twin.endpoints`).
 """
 
 from __future__ import annotations
@@ -518,36 +519,61 @@ class PrefillServer(httpserver.EngineEndpoints):
     async def _wait_for_probe(self, item) -> None:
         await asyncio.shield(item.done)
 
-    async def server_info(self, request: web.Request) -> web.Response:
+    # ------------------------------------------------ informational routes (forensics.twin.endpoints)
+
+    @property
+    def facts(self):
+        from forensics.twin.endpoints import Facts
+
+        tokens = self.scheduler.kv.kv[0].nbytes // self.settings.bytes_per_token
+        return Facts(mode="prefill", host=self.settings.host, port=self.settings.prefill_port,
+                     backend=self.settings.backend, bootstrap_port=self.settings.bootstrap_port,
+                     context_len=self.settings.max_prefill_tokens, max_total_num_tokens=tokens,
+                     max_running_requests=AUX_SLOTS, started=self.started)  # a request holds a metadata buffer
+
+    def load_values(self) -> dict:
+        """The scheduler's load by the names of sglang's ``/v1/loads`` and ``/get_load`` (live values)."""
         sched = self.scheduler
-        return web.json_response({
-            "version": self.version,
-            "disaggregation_mode": "prefill",
-            "disaggregation_transfer_backend": self.settings.backend,
-            "disaggregation_bootstrap_port": self.settings.bootstrap_port,
+        kv, per_token = sched.kv, self.settings.bytes_per_token
+        capacity = kv.kv[0].nbytes // per_token
+        used = (kv.kv[0].nbytes // kv.kv_item_bytes - len(sched.free_slots)) * kv.kv_item_bytes // per_token
+        waiting_tokens = sum(item.req.prompt_tokens for item in sched.waiting_queue)
+        bootstrap = len(sched.bootstrap_queue)
+        return {"num_running_reqs": 0, "num_waiting_reqs": len(sched.waiting_queue),
+                "num_waiting_uncached_tokens": waiting_tokens, "num_used_tokens": used,
+                "num_total_tokens": used + waiting_tokens, "max_total_num_tokens": capacity,
+                "token_usage": used / capacity, "gen_throughput": 0.0, "cache_hit_rate": 0.0,
+                "utilization": used / capacity, "max_running_requests": AUX_SLOTS, "mode": "prefill",
+                "prefill_bootstrap_queue_reqs": bootstrap,
+                "prefill_prealloc_queue_reqs": bootstrap,  # its name before 0.5.12
+                "prefill_inflight_queue_reqs": len(sched.inflight_queue), "decode_prealloc_queue_reqs": 0,
+                "decode_transfer_queue_reqs": 0, "decode_retracted_queue_reqs": 0,
+                "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0}
+
+    def twin_state(self) -> dict:
+        """The twin's own account (``internal_states[0]["twin"]`` of ``/server_info``)."""
+        sched = self.scheduler
+        return {
             "sglang_root": self.settings.sglang_root,
             "patched": self.settings.patched,
-            "internal_states": [{
-                "last_gen_throughput": 0.0,
-                "twin": {
-                    "bootstrap_thread_alive": self.loop.thread_alive(),
-                    "bootstrap_threads": self.loop.thread_info(),
-                    "transfer_workers": [{"name": t.name, "alive": t.is_alive()} for t in self.loop.transfer_threads],
-                    "transfers_in": "release transfer_worker threads" if self.loop.transfers_in_workers
-                                    else "scheduler thread (synchronous)",
-                    "free_kv_slots": len(sched.free_slots),
-                    "zmq_endpoint": self.loop.endpoint,
-                    "frames_consumed": self.loop.socket.delivered,
-                    "bootstrap_queue": len(sched.bootstrap_queue),
-                    "waiting_queue": len(sched.waiting_queue),
-                    "inflight_queue": len(sched.inflight_queue),
-                    "counters": dict(sched.counters),
-                    "room_states": {str(k): v for k, v in list(self.loop.room_states().items())[-50:]},
-                    "nixl_agent": self.loop.agent_kind,
-                    "uptime_s": round(time.time() - self.started, 3),
-                },
-            }],
-        })
+            "bootstrap_thread_alive": self.loop.thread_alive(),
+            "bootstrap_threads": self.loop.thread_info(),
+            "transfer_workers": [{"name": t.name, "alive": t.is_alive()} for t in self.loop.transfer_threads],
+            "transfers_in": "release transfer_worker threads" if self.loop.transfers_in_workers
+                            else "scheduler thread (synchronous)",
+            "free_kv_slots": len(sched.free_slots),
+            "zmq_endpoint": self.loop.endpoint,
+            "frames_consumed": self.loop.socket.delivered,
+            "bootstrap_queue": len(sched.bootstrap_queue),
+            "waiting_queue": len(sched.waiting_queue),
+            "inflight_queue": len(sched.inflight_queue),
+            "counters": dict(sched.counters),
+            "room_states": {str(k): v for k, v in list(self.loop.room_states().items())[-50:]},
+            "nixl_agent": self.loop.agent_kind,
+            "uptime_s": round(time.time() - self.started, 3),
+            # Keys of the release's informational answers the twin had no value for (answered null).
+            "endpoint_keys_unknown": sorted(self.release_endpoints.unknown),
+        }
 
     def stop(self) -> None:
         # The process leaves with os._exit right after: the bootstrap thread and the release's

@@ -8,6 +8,14 @@ answered, streaming relays the decode's stream.
 When the router's client disconnects, the router closes both upstream requests, so a
 killed client becomes an AbortReq on the decode. Whether the production routers
 propagate a disconnect like this is unconfirmed upstream; the twin does, and says so.
+
+The informational routes are mini_lb's (sglang-router 0.3.2, ``sglang_router/mini_lb.py``):
+``/v1/models`` relays the first prefill's ``/v1/models``; ``/model_info`` and
+``/get_model_info`` relay its ``/model_info`` (502 when it does not answer 200, as on a
+release before 0.5.6, which has no ``/model_info``); ``/get_server_info`` asks every prefill
+and decode for its ``/get_server_info`` and answers ``{"internal_states": <the decodes'>,
+"prefill": [...], "decode": [...]}``, plus the twin router's own counters under ``"twin"``.
+mini_lb has no ``/server_info``, ``/v1/loads`` or ``/get_load``: 404, FastAPI's body.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from urllib.parse import urlparse
 import aiohttp
 from aiohttp import web
 
-from forensics.twin import httpserver, wire
+from forensics.twin import endpoints, httpserver, wire
 from forensics.twin.settings import TwinSettings
 
 log = logging.getLogger("sglang_router.mini_lb")
@@ -38,12 +46,15 @@ class Router:
         self.session: aiohttp.ClientSession | None = None
         self.counters = {"requests": 0, "client_disconnects": 0, "completed": 0}
         self.started = time.time()
-        app = web.Application()
+        app = web.Application(middlewares=[endpoints.fastapi_not_found])
         for endpoint in wire.ENDPOINTS:
             app.router.add_post(endpoint, self.forward)
         app.router.add_get("/health", self.health)
         app.router.add_get("/health_generate", self.health_generate)
-        app.router.add_get("/server_info", self.server_info)
+        app.router.add_get("/get_server_info", self.get_server_info)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/model_info", self.model_info)
+        app.router.add_get("/get_model_info", self.model_info)
         self.app = app
 
     async def start(self) -> None:
@@ -107,10 +118,44 @@ class Router:
         await asyncio.gather(probe(self.prefill), probe(self.decode))
         return web.Response(status=200)  # mini_lb does not look at the status codes
 
-    async def server_info(self, request: web.Request) -> web.Response:
-        return web.json_response({"router": "mini_lb (twin)", "prefill": [self.prefill], "decode": [self.decode],
-                                  "counters": dict(self.counters), "uptime_s": round(time.time() - self.started, 3)})
+    async def models(self, request: web.Request) -> web.Response:
+        """mini_lb: the first prefill's ``/v1/models``, its status passed on when not 200."""
+        try:
+            async with self.session.get(self.prefill + "/v1/models") as resp:
+                if resp.status != 200:
+                    return web.json_response({"detail": f"Prefill server error: Status {resp.status}"},
+                                             status=resp.status)
+                return web.json_response(await resp.json())
+        except (aiohttp.ClientError, ValueError) as exc:
+            return web.json_response({"detail": str(exc)}, status=500)
 
+    async def model_info(self, request: web.Request) -> web.Response:
+        """mini_lb: the first prefill's ``/model_info``; 502 when it answers otherwise, 503 unreachable."""
+        try:
+            async with self.session.get(self.prefill + "/model_info") as resp:
+                if resp.status != 200:
+                    text = await resp.text()
+                    return web.json_response(
+                        {"detail": f"Failed to get model info from {self.prefill}Status: {resp.status}, "
+                                   f"Response: {text}"}, status=502)
+                return web.json_response(await resp.json())
+        except aiohttp.ClientError:
+            return web.json_response({"detail": "Failed to get model info from backend"}, status=503)
+
+    async def get_server_info(self, request: web.Request) -> web.Response:
+        """mini_lb: every server's ``/get_server_info``; the decodes' internal states first (or mini_lb's
+        placeholder when there are none). ``"twin"``: the twin router's counters (not in mini_lb)."""
+        infos = {}
+        for role, url in (("prefill", self.prefill), ("decode", self.decode)):
+            async with self.session.get(url + "/get_server_info") as resp:
+                infos[role] = [await resp.json()]
+        states = [s for info in infos["decode"] for s in info.get("internal_states", [])]
+        return web.json_response({
+            "internal_states": states or [{"last_gen_throughput": 0.0, "avg_spec_accept_length": None}],
+            "prefill": infos["prefill"], "decode": infos["decode"],
+            "twin": {"router": "mini_lb (twin)", "counters": dict(self.counters),
+                     "uptime_s": round(time.time() - self.started, 3)},
+        })
 
 def main() -> None:
     inv, settings = httpserver.process_setup("router", "sglang::router")
