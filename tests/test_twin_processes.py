@@ -232,17 +232,18 @@ def test_python_up_without_dir_removes_its_directory_and_a_named_port_clash_says
 # ------------------------------------------------------------------ releases the twin cannot serve
 
 
-@pytest.mark.parametrize("version", ["0.5.1", "0.5.12.post1"])
+@pytest.mark.parametrize("version", ["0.5.1", "0.5.9"])
 def test_release_the_twin_cannot_serve_is_refused_up_front(tmp_path, version):
-    """Before 0.5.13 the twin's prefill died at start (no common KVTransferError) and ``up`` waited out
-    its readiness deadline; now it refuses at once, naming what the release lacks."""
+    """Before 0.5.10 the release's receiver sends its transfer info from ``init`` (no ``send_metadata``),
+    which the twin's decode does not drive; ``up`` refuses at once, naming what the release lacks,
+    rather than start a twin whose requests would fail."""
     started = time.monotonic()
     result = _cli("twin", "up", "--sglang", version, "--dir", str(tmp_path / "twin"), "--json", timeout=60)
     assert result.returncode == 4, result.stdout + result.stderr
     doc = json.loads(result.stdout)
     assert (doc["exit"], doc["kind"]) == (4, "TwinError")
     assert f"sglang {version}: the twin cannot serve this release" in doc["error"]
-    assert "common/conn.py defines no KVTransferError" in doc["error"] and len(result.stderr.splitlines()) == 1
+    assert "define no send_metadata" in doc["error"] and len(result.stderr.splitlines()) == 1
     assert not list((tmp_path / "twin").glob("*.pid")) and not list((tmp_path / "twin").glob("*.log"))
     assert time.monotonic() - started < 30  # refused before any process started (a start waits up to 60 s)
 
@@ -270,10 +271,10 @@ def _fork_of(version: str, root: Path, edits: dict[str, tuple[str, str]]) -> obj
 def test_the_release_check_reads_the_release_code(tmp_path):
     from forensics.sglang_source import fetch
 
-    for version in ("0.5.13", "0.5.16", "0.5.17", "0.5.19", "0.5.22", "0.5.23"):
+    for version in ("0.5.10", "0.5.12.post1", "0.5.13", "0.5.16", "0.5.17", "0.5.19", "0.5.22", "0.5.23"):
         api.check_release_served(fetch(version))
-    for version in ("0.5.9", "0.5.12"):
-        with pytest.raises(api.TwinError, match=r"common/conn\.py defines no KVTransferError"):
+    for version in ("0.5.5", "0.5.9"):
+        with pytest.raises(api.TwinError, match=r"define no send_metadata"):
             api.check_release_served(fetch(version))
     # A KVArgs field the release's scheduler fills and the twin does not: named with its line.
     fork = _fork_of("0.5.23", tmp_path / "kvargs", {"base/conn.py": (
