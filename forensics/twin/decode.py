@@ -101,7 +101,23 @@ class DecodeScheduler:
             decode_log.error(f"twin: request {req.rid} refused: {self.rd.unsupported}")
             self._finish(item, error=self.rd.unsupported)
         else:
-            item.receiver = self.rd.receiver(req.bootstrap_addr, req.bootstrap_room)
+            try:
+                item.receiver = self.rd.receiver(req.bootstrap_addr, req.bootstrap_room)
+            except Exception as exc:
+                # sglang builds the receiver in its scheduler thread, where this exception would end
+                # the scheduler; the twin fails this request with the release's own exception (its
+                # traceback in the log) and keeps serving the others.
+                message = (f"Decode handshake failed for request rank=0 decode_req.req.rid={req.rid!r} "
+                           f"decode_req.req.bootstrap_room={req.bootstrap_room} with exception "
+                           f"{type(exc).__name__}: {exc}")
+                decode_log.error(f"{message} (raised by the release's receiver __init__)", exc_info=True)
+                self.metrics.bootstrap_failed.inc()
+                self.counters["handshake_failed"] += 1
+                self._finish(item, error=message)
+                self.wakeup.set()
+                return item
+            # Up to 0.5.9 the receiver's __init__ did the bootstrap: from here on its poll() decides.
+            item.initialized = self.rd.bootstraps_in_receiver_init
             self.prealloc_queue.append(item)
         self.wakeup.set()
         return item
@@ -111,16 +127,18 @@ class DecodeScheduler:
         self.wakeup.set()
 
     def _fail(self, item, stage: str, counter) -> None:
-        """sglang's ERROR line for a failed decode request ("handshake" in prealloc, "transfer" after)."""
-        decode_log.error(
+        """sglang's ERROR line for a failed decode request ("handshake" in prealloc, "transfer" after),
+        and, as its ``prepare_abort(req, error_message, 500)``, the same text to the client."""
+        message = (
             f"Decode {stage} failed for request rank=0 decode_req.req.rid={item.req.rid!r} "
             f"decode_req.req.bootstrap_room={item.req.bootstrap_room} with exception "
             f"{self.rd.failure_text(item.receiver)}"
         )
+        decode_log.error(message)
         counter.inc()
         self.counters[f"{stage}_failed"] += 1
         self._release(item)
-        self._finish(item, error=f"{stage} failed")
+        self._finish(item, error=message)
 
     # ------------------------------------------------------------------- loop
 
@@ -160,7 +178,8 @@ class DecodeScheduler:
                 if matches(item):
                     decode_log.debug(f"Abort {queue_name} queue request. decode_req.req.rid={item.req.rid!r}")
                     before = item.receiver.abort_notified if hasattr(item.receiver, "abort_notified") else None
-                    item.receiver.abort()  # the release decides whether (and what) to send
+                    if hasattr(item.receiver, "abort"):  # as the scheduler: 0.5.1/0.5.2 receivers have none
+                        item.receiver.abort()  # the release decides whether (and what) to send
                     if before is False and getattr(item.receiver, "abort_notified", False):
                         self.counters["aborts_sent_by_release"] += 1
         for item in list(self.running):
@@ -190,7 +209,7 @@ class DecodeScheduler:
                 keep.append(item)  # no room in the KV pool yet: stays in prealloc, as sglang
                 continue
             item.pages, item.aux_index = pages, self.aux_free.pop()
-            recv.send_metadata(pages, item.aux_index)  # the transfer-info frame (release code)
+            self.rd.send_metadata(recv, pages, item.aux_index)  # the transfer-info frame (release code)
             item.stage = "transfer"
             self.transfer_queue.append(item)
             self.metrics.observe_stage("decode_prepare", time.monotonic() - item.entered)
