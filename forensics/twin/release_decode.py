@@ -126,6 +126,12 @@ class ReleaseDecode:
             "prefill_pp_size_table": {},
             "server_socket": server_socket,  # the decode's PULL socket (read by 0.5.20+'s listener)
         }
+        if not hasattr(self.receiver_class, "send_metadata"):
+            # Up to 0.5.9 the receiver's __init__ reads the manager's per-prefill tables itself
+            # (0.5.9 adds prefill_page_size_table): the release's own initial values for them.
+            from forensics.sandbox.managers import set_initial_values
+
+            set_initial_values(mgr)
         for key, value in state.items():
             setattr(mgr, key, value)
         self.manager = mgr
