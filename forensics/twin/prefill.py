@@ -474,12 +474,12 @@ class PrefillServer(httpserver.EngineEndpoints):
         self.metrics = TwinMetrics(version, "prefill")
         self.scheduler = PrefillScheduler(settings, self.loop, self.metrics, version)
         self.bootstrap = BootstrapServer(self.release, settings.backend, settings.host, settings.bootstrap_port)
+        # As the release's KV manager __init__ does, at once (no executor thread left behind).
+        self.bootstrap.register(self.loop.manager, settings.host, settings.bootstrap_port, settings.prefill_port)
         self.started = time.time()
         self.app = self.engine_app()
 
     async def start(self) -> None:
-        await asyncio.to_thread(self.bootstrap.register, self.loop.manager, self.settings.host,
-                                self.settings.bootstrap_port, self.settings.prefill_port)
         self.task = httpserver.watch_scheduler(asyncio.get_running_loop().create_task(self.scheduler.run()), "prefill")
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
