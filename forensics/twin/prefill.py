@@ -432,7 +432,7 @@ class PrefillScheduler:
             aux[:] = np.frombuffer(np.int64(room & 0x7FFFFFFFFFFFFFFF).tobytes(), dtype=np.uint8)
             for agent_name, info in infos.items():
                 peer = mgr.decode_kv_args_table[agent_name]
-                # Up to 0.5.1 the decode sends no item length: sglang writes with its own (equal TP).
+                # 0.5.1's decode sends no item length (0.5.2 adds it): sglang writes with its own (equal TP).
                 item_len = getattr(peer, "dst_kv_item_len", None) or self.page_bytes
                 nx.write_pages(self.agent, agent_name, payload, peer.dst_kv_ptrs[0], item_len,
                                info.dst_kv_indices, nx.kv_tag(room))
