@@ -103,10 +103,32 @@ class BootstrapServer:
         for name, helper in helpers.items():
             if isinstance(module_globals.get(name), Stub):
                 module_globals[name] = helper
+        if "requests" in module_globals:
+            module_globals["requests"] = _StubFreeRequests(module_globals["requests"], Stub)
         register()
         if not self.server.prefill_port_table:  # the release logs its failure and carries on
             raise RuntimeError(f"the prefill rank did not register with the release's bootstrap server on {port} "
                                "(see the release's error line above)")
+
+
+class _StubFreeRequests:
+    """``requests`` for the release's registration: a payload field whose value came from a
+    server-args accessor the sandbox stubs (0.5.22+ reads ``get_parallel()``, ``get_serving()``,
+    ``get_disagg()``) is left out rather than sent as a stub, so the release's server applies its
+    own default for it (it reads each such field with ``.get``); a required field left out would
+    fail the PUT there, loudly."""
+
+    def __init__(self, requests_module, stub_type: type) -> None:
+        self._requests = getattr(requests_module, "_requests", requests_module)
+        self._stub = stub_type
+
+    def __getattr__(self, name: str):
+        return getattr(self._requests, name)
+
+    def put(self, url, *args, json=None, **kwargs):
+        if isinstance(json, dict):
+            json = {key: value for key, value in json.items() if not isinstance(value, self._stub)}
+        return self._requests.put(url, *args, json=json, **kwargs)
 
 
 class _ListenerWeb:
