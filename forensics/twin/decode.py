@@ -9,7 +9,10 @@ request walking sglang's decode queues:
   lost; on first contact the release's ``_register_kv_args`` sends the KV-args
   registration frame (with this process's real NIXL agent metadata and page-pool
   pointer); pages are allocated and the release's ``send_metadata`` sends the
-  transfer-info frame;
+  transfer-info frame (up to 0.5.9 the receiver's own ``__init__`` does the look-up and the
+  registration, and its ``init`` sends the transfer info); a request the release fails
+  (handshake, transfer, waiting timeout, a receiver that raises) is answered at once with
+  the text sglang aborts it with;
 * transfer: the release's ``poll`` (waiting timeout, NIXL notification parsing) until
   the KV pages arrive, which are then compared with what the prefill must have sent;
 * running: one synthetic token per decode iteration, ``Decode batch`` lines every
