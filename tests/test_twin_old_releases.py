@@ -90,3 +90,24 @@ def test_a_receiver_that_raises_on_init_fails_only_its_request(tmp_path):
         assert served.status_code == 200 and served.json()["meta_info"]["kv_intact"] is True
     finally:
         twin.down()
+
+
+@pytest.mark.timeout(120)
+def test_a_prefill_that_cannot_be_looked_up_fails_the_request_after_sglang_s_15_tries(tmp_path):
+    """From 0.5.10 the decode looks the prefill up itself (15 tries, 1 s apart), then aborts the
+    waiting requests with the release's own abort(): the request is answered, not left waiting."""
+    twin = twin_api.up("0.5.10", directory=tmp_path, **TEST_SETTINGS)
+    try:
+        prefill = urllib.parse.urlparse(twin.prefill)  # answers /route with 404: no bootstrap server there
+        started = time.monotonic()
+        response = _generate(twin.decode, timeout=40, bootstrap_host=prefill.hostname,
+                             bootstrap_port=prefill.port, bootstrap_room=2**62 + 1)
+        took = time.monotonic() - started
+        assert response.status_code == 500 and 14 <= took < 30, (response.status_code, took)
+        assert response.json()["error"]["message"].startswith("Decode handshake failed for request rank=0")
+        assert (f"Could not fetch prefill parallel info from {prefill.hostname}:{prefill.port} after 15 attempts"
+                in twin.log_text("decode"))
+        served = _generate(twin.router)
+        assert served.status_code == 200 and served.json()["meta_info"]["kv_intact"] is True
+    finally:
+        twin.down()

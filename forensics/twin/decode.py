@@ -244,7 +244,16 @@ class DecodeScheduler:
             del self.bootstrap_info[addr]
             cached = None
         task = self.lookups.get(addr)
-        if task is None or (task.done() and task.exception() is not None):
+        if task is not None and task.done() and task.exception() is not None:
+            # 15 look-ups failed: as the release's _ensure_prefill_info, abort (the release's own
+            # abort()) every request waiting on that prefill, which then fails its handshake and
+            # is answered; a later request looks the prefill up afresh.
+            del self.lookups[addr]
+            for waiting in self.prealloc_queue:
+                if not waiting.initialized and waiting.req.bootstrap_addr == addr and hasattr(waiting.receiver, "abort"):
+                    waiting.receiver.abort()
+            return None
+        if task is None:
             self.lookups[addr] = asyncio.get_running_loop().create_task(self._fetch_route(addr))
             return None
         if not task.done():
