@@ -133,7 +133,13 @@ def generate(router: str, timeout: float, prompt_tokens: int = 64) -> tuple[bool
     except TimeoutError:
         return False, f"no answer within {timeout:.0f} s (hung)"
     except urllib.error.HTTPError as exc:
-        return False, f"failed with HTTP {exc.code}"
+        # The engine's own reason (the decode's "Decode transfer failed ... with exception ...").
+        try:
+            reason = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError, OSError):
+            reason = ""
+        return False, f"failed with HTTP {exc.code} in {time.monotonic() - started:.2f} s" + (
+            f": {reason}" if reason else "")
     except urllib.error.URLError as exc:
         if isinstance(exc.reason, (TimeoutError, socket.timeout)):
             return False, f"no answer within {timeout:.0f} s (hung)"

@@ -232,19 +232,20 @@ def test_python_up_without_dir_removes_its_directory_and_a_named_port_clash_says
 # ------------------------------------------------------------------ releases the twin cannot serve
 
 
-@pytest.mark.parametrize("version", ["0.5.1", "0.5.9"])
-def test_release_the_twin_cannot_serve_is_refused_up_front(tmp_path, version):
-    """Before 0.5.10 the release's receiver sends its transfer info from ``init`` (no ``send_metadata``),
-    which the twin's decode does not drive; ``up`` refuses at once, naming what the release lacks,
-    rather than start a twin whose requests would fail."""
+def test_release_the_twin_cannot_serve_is_refused_up_front(tmp_path):
+    """A release whose receivers have no way to send the transfer info (a fork with neither
+    ``send_metadata`` nor ``init``) is refused at once, naming what it lacks, before anything starts."""
+    fork = _fork_of("0.5.16", tmp_path / "fork", {})
+    for relative in ("base/conn.py", "common/conn.py", "nixl/conn.py"):
+        path = tmp_path / "fork/sglang/srt/disaggregation" / relative
+        path.write_text(path.read_text().replace("    def send_metadata(", "    def send_meta(")
+                        .replace("    def init(", "    def start("))
+    fork.backends = lambda: ["nixl"]
     started = time.monotonic()
-    result = _cli("twin", "up", "--sglang", version, "--dir", str(tmp_path / "twin"), "--json", timeout=60)
-    assert result.returncode == 4, result.stdout + result.stderr
-    doc = json.loads(result.stdout)
-    assert (doc["exit"], doc["kind"]) == (4, "TwinError")
-    assert f"sglang {version}: the twin cannot serve this release" in doc["error"]
-    assert "define no send_metadata" in doc["error"] and len(result.stderr.splitlines()) == 1
-    assert not list((tmp_path / "twin").glob("*.pid")) and not list((tmp_path / "twin").glob("*.log"))
+    with pytest.raises(api.TwinError, match=r"0\.5\.16\+fork: the twin cannot serve.*send_metadata or init"):
+        api._up_in(tmp_path / "twin", False, "0.5.16", patched=False, backend="nixl", base_port=None,
+                   host="127.0.0.1", waiting_timeout=30.0, started=started, fetch=lambda version: fork)
+    assert not list(tmp_path.rglob("*.pid")) and not (tmp_path / "twin" / api.INVENTORY_NAME).exists()
     assert time.monotonic() - started < 30  # refused before any process started (a start waits up to 60 s)
 
 
@@ -271,11 +272,9 @@ def _fork_of(version: str, root: Path, edits: dict[str, tuple[str, str]]) -> obj
 def test_the_release_check_reads_the_release_code(tmp_path):
     from forensics.sglang_source import fetch
 
-    for version in ("0.5.10", "0.5.12.post1", "0.5.13", "0.5.16", "0.5.17", "0.5.19", "0.5.22", "0.5.23"):
+    for version in ("0.5.1", "0.5.5", "0.5.9", "0.5.10", "0.5.12.post1", "0.5.13", "0.5.16", "0.5.17", "0.5.19",
+                    "0.5.22", "0.5.23"):
         api.check_release_served(fetch(version))
-    for version in ("0.5.5", "0.5.9"):
-        with pytest.raises(api.TwinError, match=r"define no send_metadata"):
-            api.check_release_served(fetch(version))
     # A KVArgs field the release's scheduler fills and the twin does not: named with its line.
     fork = _fork_of("0.5.23", tmp_path / "kvargs", {"base/conn.py": (
         "    kv_layer_ids: List[int]\n", "    kv_layer_ids: List[int]\n    kv_layer_scales: List[float]\n")})

@@ -9,7 +9,10 @@ request walking sglang's decode queues:
   lost; on first contact the release's ``_register_kv_args`` sends the KV-args
   registration frame (with this process's real NIXL agent metadata and page-pool
   pointer); pages are allocated and the release's ``send_metadata`` sends the
-  transfer-info frame;
+  transfer-info frame (up to 0.5.9 the receiver's own ``__init__`` does the look-up and the
+  registration, and its ``init`` sends the transfer info); a request the release fails
+  (handshake, transfer, waiting timeout, a receiver that raises) is answered at once with
+  the text sglang aborts it with;
 * transfer: the release's ``poll`` (waiting timeout, NIXL notification parsing; on 0.5.23 the
   status the release's listener thread set from the prefill's ``KV_STATUS``) until the KV pages
   arrive, which are then compared with what the prefill must have sent; a failed transfer whose
@@ -112,7 +115,23 @@ class DecodeScheduler:
             decode_log.error(f"twin: request {req.rid} refused: {self.rd.unsupported}")
             self._finish(item, error=self.rd.unsupported)
         else:
-            item.receiver = self.rd.receiver(req.bootstrap_addr, req.bootstrap_room)
+            try:
+                item.receiver = self.rd.receiver(req.bootstrap_addr, req.bootstrap_room)
+            except Exception as exc:
+                # sglang builds the receiver in its scheduler thread, where this exception would end
+                # the scheduler; the twin fails this request with the release's own exception (its
+                # traceback in the log) and keeps serving the others.
+                message = (f"Decode handshake failed for request rank=0 decode_req.req.rid={req.rid!r} "
+                           f"decode_req.req.bootstrap_room={req.bootstrap_room} with exception "
+                           f"{type(exc).__name__}: {exc}")
+                decode_log.error(f"{message} (raised by the release's receiver __init__)", exc_info=True)
+                self.metrics.bootstrap_failed.inc()
+                self.counters["handshake_failed"] += 1
+                self._finish(item, error=message)
+                self.wakeup.set()
+                return item
+            # Up to 0.5.9 the receiver's __init__ did the bootstrap: from here on its poll() decides.
+            item.initialized = self.rd.bootstraps_in_receiver_init
             self.prealloc_queue.append(item)
         self.wakeup.set()
         return item
@@ -122,12 +141,14 @@ class DecodeScheduler:
         self.wakeup.set()
 
     def _fail(self, item, stage: str, counter) -> None:
-        """sglang's ERROR line for a failed decode request ("handshake" in prealloc, "transfer" after)."""
-        decode_log.error(
+        """sglang's ERROR line for a failed decode request ("handshake" in prealloc, "transfer" after),
+        and, as its ``prepare_abort(req, error_message, 500)``, the same text to the client."""
+        message = (
             f"Decode {stage} failed for request rank=0 decode_req.req.rid={item.req.rid!r} "
             f"decode_req.req.bootstrap_room={item.req.bootstrap_room} with exception "
             f"{self.rd.failure_text(item.receiver)}"
         )
+        decode_log.error(message)
         counter.inc()
         self.counters[f"{stage}_failed"] += 1
         if stage == "transfer" and self._holds_for_drain(item):
@@ -135,7 +156,7 @@ class DecodeScheduler:
                                            len(item.receiver.bootstrap_infos)))
         else:
             self._release(item)
-        self._finish(item, error=f"{stage} failed")
+        self._finish(item, error=message)
 
     def _holds_for_drain(self, item: DecodeRequest) -> bool:
         """Whether a failed transfer's pages must wait for the prefill's drain ack (sglang 0.5.19+,
@@ -212,7 +233,8 @@ class DecodeScheduler:
                 if matches(item):
                     decode_log.debug(f"Abort {queue_name} queue request. decode_req.req.rid={item.req.rid!r}")
                     before = item.receiver.abort_notified if hasattr(item.receiver, "abort_notified") else None
-                    item.receiver.abort()  # the release decides whether (and what) to send
+                    if hasattr(item.receiver, "abort"):  # as the scheduler: 0.5.1/0.5.2 receivers have none
+                        item.receiver.abort()  # the release decides whether (and what) to send
                     if before is False and getattr(item.receiver, "abort_notified", False):
                         self.counters["aborts_sent_by_release"] += 1
         for item in list(self.running):
@@ -242,7 +264,7 @@ class DecodeScheduler:
                 keep.append(item)  # no room in the KV pool yet: stays in prealloc, as sglang
                 continue
             item.pages, item.aux_index = pages, self.aux_free.pop()
-            recv.send_metadata(pages, item.aux_index)  # the transfer-info frame (release code)
+            self.rd.send_metadata(recv, pages, item.aux_index)  # the transfer-info frame (release code)
             item.stage = "transfer"
             self.transfer_queue.append(item)
             self.metrics.observe_stage("decode_prepare", time.monotonic() - item.entered)
@@ -274,7 +296,16 @@ class DecodeScheduler:
             del self.bootstrap_info[addr]
             cached = None
         task = self.lookups.get(addr)
-        if task is None or (task.done() and task.exception() is not None):
+        if task is not None and task.done() and task.exception() is not None:
+            # 15 look-ups failed: as the release's _ensure_prefill_info, abort (the release's own
+            # abort()) every request waiting on that prefill, which then fails its handshake and
+            # is answered; a later request looks the prefill up afresh.
+            del self.lookups[addr]
+            for waiting in self.prealloc_queue:
+                if not waiting.initialized and waiting.req.bootstrap_addr == addr and hasattr(waiting.receiver, "abort"):
+                    waiting.receiver.abort()
+            return None
+        if task is None:
             self.lookups[addr] = asyncio.get_running_loop().create_task(self._fetch_route(addr))
             return None
         if not task.done():

@@ -5,8 +5,9 @@ In one process (title ``sglang::scheduler``, stderr captured to ``prefill.log``)
 * the release's own NIXL prefill KV manager and ``bootstrap_thread`` on a real ZMQ PULL
   socket, through the engine sandbox (:class:`forensics.sandbox.prefill.PrefillLoop`),
   from the twin's own copy of the release's files;
-* a bootstrap HTTP server like sglang's (``/route`` PUT/GET, ``/health`` always ``OK``)
-  on its own port, where the prefill rank registers its PULL endpoint;
+* the release's own bootstrap HTTP server (its ``CommonKVBootstrapServer`` thread, on the
+  bootstrap port the launcher bound), where the prefill rank registers its PULL endpoint with
+  the release's own registration call;
 * a scheduler loop moving requests through the bootstrap queue (rooms created by the
   release's own sender class, bootstrapped only by the real loop), a prefill "forward"
   that takes ``tokens / prefill_rate`` seconds and writes the room's KV pages into this
@@ -25,6 +26,7 @@ In one process (title ``sglang::scheduler``, stderr captured to ``prefill.log``)
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import threading
@@ -62,54 +64,91 @@ class PrefillRequest:
 
 
 class BootstrapServer:
-    """The prefill's bootstrap HTTP server, with the routes of sglang's ``CommonKVBootstrapServer``."""
+    """The prefill's bootstrap HTTP server: the release's own, unchanged.
 
-    def __init__(self) -> None:
-        self.ranks: dict[tuple[int, int, int, int], dict] = {}
-        self.info: dict = {}
-        self.app = web.Application()
-        self.app.router.add_route("*", "/route", self.route)
-        self.app.router.add_post("/register_dp_rank", self.ok)
-        self.app.router.add_post("/query_dp_ranks", self.query_dp_ranks)
-        self.app.router.add_get("/health", self.health)
+    The class is the one the release's ``get_kv_class(backend, BOOTSTRAP_SERVER)`` picks
+    (``CommonKVBootstrapServer`` or its backend subclass), built by its own ``__init__``, which
+    starts its own ``_run_server`` thread and event loop with its own routes (``/route`` PUT/GET
+    in each release's shape, ``/health`` from 0.5.3, ``/register_dp_rank`` and ``/query_dp_ranks``
+    from 0.5.10). The prefill rank registers with the release's own ``register_to_bootstrap``
+    (``_register_to_bootstrap`` up to 0.5.9) from the prefill's KV manager, so every answer the
+    decode reads is that release's. Only the listening socket is the twin's: the launcher bound
+    it (no port race), and the ``TCPSite`` the release's ``_run_server`` asks for serves it.
+    """
 
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(text="OK", status=200)  # always, as sglang's: it never looks at the loop
+    def __init__(self, release, backend: str, host: str, port: int) -> None:
+        utils = release.module("utils")
+        cls = utils.get_kv_class(utils.TransferBackend(backend), utils.KVClassType.BOOTSTRAP_SERVER)
+        module_globals = cls._run_server.__globals__  # the module whose _run_server this is
+        module_globals["web"] = _ListenerWeb(module_globals["web"], port)
+        # 0.5.1 takes (port) and listens on every interface; later releases take (host, port).
+        takes_host = "host" in inspect.signature(cls.__init__).parameters
+        self.server = cls(host, port) if takes_host else cls(port)
+        self.thread = self.server.thread
 
-    async def ok(self, request: web.Request) -> web.Response:
-        return web.Response(text="OK", status=200)
+    def register(self, manager, host: str, port: int, http_port: int) -> None:
+        """The prefill rank's PUT /route, by the release's own registration method (blocking)."""
+        register = getattr(manager, "register_to_bootstrap", None) or manager._register_to_bootstrap
+        # What CommonKVManager.__init__ reads from the server args (single node: no dist_init_addr).
+        manager.bootstrap_host, manager.bootstrap_port, manager.dist_init_addr = host, port, None
+        manager.server_args.port = http_port  # 0.5.16+ registers the prefill's HTTP port too
+        if not hasattr(manager, "dp_size"):  # up to 0.5.2, CommonKVManager.__init__ keeps server_args.dp_size
+            manager.dp_size = manager.server_args.dp_size
+        # sglang.srt.utils is stubbed in the sandbox (it imports torch); the network helpers up to
+        # 0.5.9 take their place here: this host is the rank's address, as get_ip would find it.
+        from forensics.sandbox.stubs import Stub
 
-    async def query_dp_ranks(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        return web.json_response({str(room): 0 for room in body.get("bootstrap_rooms", [])})
+        module_globals = register.__func__.__globals__
+        helpers = {"get_ip": lambda: host, "get_local_ip_by_remote": lambda: host,
+                   "maybe_wrap_ipv6_address": lambda h: f"[{h}]" if ":" in h and not h.startswith("[") else h}
+        for name, helper in helpers.items():
+            if isinstance(module_globals.get(name), Stub):
+                module_globals[name] = helper
+        if "requests" in module_globals:
+            module_globals["requests"] = _StubFreeRequests(module_globals["requests"], Stub)
+        register()
+        if not self.server.prefill_port_table:  # the release logs its failure and carries on
+            raise RuntimeError(f"the prefill rank did not register with the release's bootstrap server on {port} "
+                               "(see the release's error line above)")
 
-    def register(self, data: dict) -> None:
-        key = (data["attn_dp_rank"], data["attn_cp_rank"], data["attn_tp_rank"], data["pp_rank"])
-        self.ranks[key] = {"rank_ip": data["rank_ip"], "rank_port": int(data["rank_port"])}
-        self.info = {
-            "attn_tp_size": data["attn_tp_size"], "attn_cp_size": data["attn_cp_size"],
-            "dp_size": data["attn_dp_size"], "pp_size": data["pp_size"], "page_size": data["page_size"],
-            "kv_cache_dtype": data["kv_cache_dtype"], "follow_bootstrap_room": True,
-        }
 
-    async def route(self, request: web.Request) -> web.Response:
-        if request.method == "PUT":
-            self.register(await request.json())
-            return web.Response(text="OK", status=200)
-        if request.method != "GET":
-            return web.Response(text="Method not allowed", status=405)
-        try:
-            key = tuple(int(request.query[k]) for k in
-                        ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank"))
-        except (KeyError, ValueError):
-            return web.Response(text="Missing inputs for bootstrap server.", status=400)
-        if key == (-1, -1, -1, -1):
-            if not self.info:
-                return web.Response(text="Prefill server not fully registered yet.", status=503)
-            return web.json_response(self.info)
-        if key not in self.ranks:
-            return web.Response(text=f"Bootstrap info not Found for {key}", status=404)
-        return web.json_response(self.ranks[key])
+class _StubFreeRequests:
+    """``requests`` for the release's registration: a payload field whose value came from a
+    server-args accessor the sandbox stubs (0.5.22+ reads ``get_parallel()``, ``get_serving()``,
+    ``get_disagg()``) is left out rather than sent as a stub, so the release's server applies its
+    own default for it (it reads each such field with ``.get``); a required field left out would
+    fail the PUT there, loudly."""
+
+    def __init__(self, requests_module, stub_type: type) -> None:
+        self._requests = getattr(requests_module, "_requests", requests_module)
+        self._stub = stub_type
+
+    def __getattr__(self, name: str):
+        return getattr(self._requests, name)
+
+    def put(self, url, *args, json=None, **kwargs):
+        if isinstance(json, dict):
+            json = {key: value for key, value in json.items() if not isinstance(value, self._stub)}
+        return self._requests.put(url, *args, json=json, **kwargs)
+
+
+class _ListenerWeb:
+    """``aiohttp.web`` for the release's bootstrap server module, except that ``TCPSite`` on the
+    bootstrap port serves the listening socket the launcher passed (bound before the twin started)."""
+
+    def __init__(self, web_module, port: int) -> None:
+        self._web, self._port = getattr(web_module, "_web", web_module), port
+
+    def __getattr__(self, name: str):
+        return getattr(self._web, name)
+
+    def TCPSite(self, runner, host=None, port=None, **kwargs):  # noqa: N802 - aiohttp's name
+        from forensics.twin.processes import inherited_listener
+
+        sock = inherited_listener(port) if port == self._port else None
+        if sock is None:
+            return self._web.TCPSite(runner, host=host, port=port, **kwargs)
+        return self._web.SockSite(runner, sock, **{k: v for k, v in kwargs.items() if k in ("backlog",)})
 
 
 class PrefillScheduler:
@@ -206,13 +245,13 @@ class PrefillScheduler:
         for item in self.bootstrap_queue:
             if any(item.req.rid.startswith(rid) for rid in aborts):
                 item.aborted = True
-                mgr = self.engine.manager
+                prefill_log.debug(f"Abort bootstrap queue request. req.rid={item.req.rid!r}")
                 sender = self.engine.senders.get(item.req.bootstrap_room)
+                # As the release's scheduler: ``if hasattr(req.disagg_kv_sender, "abort")``. Senders
+                # up to 0.5.9 have no abort, and there the request stays in the bootstrap queue
+                # until the decode's transfer info bootstraps it (NIXL: no bootstrap timeout).
                 if sender is not None and hasattr(sender, "abort"):
                     sender.abort()  # the release's own CommonKVSender.abort
-                else:
-                    mgr.record_failure(item.req.bootstrap_room, "Aborted by AbortReq.")
-                    mgr.update_status(item.req.bootstrap_room, self.KVPoll.Failed)
         for queue in (self.waiting_queue, self.inflight_queue):
             for item in queue:
                 if any(item.req.rid.startswith(rid) for rid in aborts):
@@ -418,7 +457,9 @@ class PrefillScheduler:
             aux[:] = np.frombuffer(np.int64(room & 0x7FFFFFFFFFFFFFFF).tobytes(), dtype=np.uint8)
             for agent_name, info in infos.items():
                 peer = mgr.decode_kv_args_table[agent_name]
-                nx.write_pages(self.agent, agent_name, payload, peer.dst_kv_ptrs[0], peer.dst_kv_item_len,
+                # 0.5.1's decode sends no item length (0.5.2 adds it): sglang writes with its own (equal TP).
+                item_len = getattr(peer, "dst_kv_item_len", None) or self.page_bytes
+                nx.write_pages(self.agent, agent_name, payload, peer.dst_kv_ptrs[0], item_len,
                                info.dst_kv_indices, nx.kv_tag(room))
                 aux_item = nx.AUX_ITEM_BYTES
                 nx.write_pages(self.agent, agent_name, aux, peer.dst_aux_ptrs[0], aux_item,
@@ -428,7 +469,8 @@ class PrefillScheduler:
             logging.getLogger("sglang.srt.disaggregation.nixl.conn").exception(
                 f"Failed to send kv chunk of room {room}"
             )
-            mgr.record_failure(room, f"Failed to send kv chunk of {room} to decode: {exc}")
+            if hasattr(mgr, "record_failure"):  # absent up to 0.5.2: the status alone says Failed
+                mgr.record_failure(room, f"Failed to send kv chunk of {room} to decode: {exc}")
             mgr.update_status(room, self.KVPoll.Failed)
             raise
         latency = time.perf_counter() - started
@@ -463,20 +505,13 @@ class PrefillServer(httpserver.EngineEndpoints):
                                 kv=kv, transfer_workers=True, mooncake_engine=engine)
         self.metrics = TwinMetrics(version, "prefill")
         self.scheduler = PrefillScheduler(settings, self.loop, self.metrics, version)
-        self.bootstrap = BootstrapServer()
+        self.bootstrap = BootstrapServer(self.release, settings.backend, settings.host, settings.bootstrap_port)
+        # As the release's KV manager __init__ does, at once (no executor thread left behind).
+        self.bootstrap.register(self.loop.manager, settings.host, settings.bootstrap_port, settings.prefill_port)
         self.started = time.time()
         self.app = self.engine_app()
 
     async def start(self) -> None:
-        runner = web.AppRunner(self.bootstrap.app, access_log=None)
-        await runner.setup()
-        await httpserver.start_site(runner, self.settings.host, self.settings.bootstrap_port)
-        # What CommonKVManager._register_to_bootstrap PUTs for a TP=1 prefill rank.
-        self.bootstrap.register({
-            "attn_tp_size": 1, "attn_tp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0, "attn_dp_size": 1,
-            "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1, "system_dp_rank": 0,
-            "rank_ip": self.loop.host, "rank_port": self.loop.port, "page_size": 1, "kv_cache_dtype": "auto",
-        })
         self.task = httpserver.watch_scheduler(asyncio.get_running_loop().create_task(self.scheduler.run()), "prefill")
 
     async def generate(self, request: web.Request) -> web.StreamResponse:

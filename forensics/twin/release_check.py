@@ -11,9 +11,9 @@ judged by its code, not by a version list:
   the twin fills (:func:`forensics.sandbox.host_memory.kv_args_for`), as the release's scheduler
   fills it in ``_init_kv_manager`` (0.5.17 added ``kv_layer_ids`` and ``state_layer_ids``, which
   the decode's KV-args registration packs);
-* the receiver's methods the twin's decode calls (``_register_kv_args``, ``send_metadata``,
-  ``poll``, ``abort``, ``failure_exception``), defined by the release's NIXL or common
-  receiver;
+* the receiver's methods the twin's decode calls (``poll``, ``failure_exception``, and
+  ``send_metadata`` or, up to 0.5.9, ``init`` for the transfer info), defined by the release's
+  receiver classes;
 * how the decode learns that a transfer ended: NIXL notifications tallied in a ``TransferStatus``
   (to 0.5.22), or the prefill's ``KV_STATUS`` message read by the decode listener thread that
   ``NixlKVManager.__init__`` starts (0.5.23; the twin runs that thread with the release's own
@@ -27,7 +27,11 @@ from pathlib import Path
 
 # Methods of the release's receiver that the twin's decode calls (forensics.twin.decode).
 # (``clear`` too, but the decode tolerates its absence: it differs per release and the room is done.)
-RECEIVER_METHODS = ("_register_kv_args", "send_metadata", "poll", "abort", "failure_exception")
+RECEIVER_METHODS = ("poll", "failure_exception")
+# ... and one way to send the transfer info: ``send_metadata`` (0.5.10+), or ``init`` (up to 0.5.9,
+# whose receiver bootstraps and registers in its own ``__init__``). ``abort`` is called only where
+# the release has one, as its scheduler does.
+TRANSFER_INFO_METHODS = ("send_metadata", "init")
 
 
 def twin_kv_args_fields() -> set[str]:
@@ -106,6 +110,8 @@ def missing_for_twin(source) -> list[str]:
                              for node in release.tree(relative).body
                              if isinstance(node, ast.ClassDef) and "Receiver" in node.name))
     absent = [name for name in RECEIVER_METHODS if name not in receiver]
+    if not any(name in receiver for name in TRANSFER_INFO_METHODS):
+        absent.append(" or ".join(TRANSFER_INFO_METHODS))
     if absent:
         missing.append(f"NixlKVReceiver (nixl/conn.py) and CommonKVReceiver (common/conn.py) define no "
                        f"{', '.join(absent)}, which the twin's decode calls")

@@ -114,6 +114,7 @@ class ReleaseDecode:
         state = {
             "is_mla_backend": False, "enable_staging": False, "_staging_handler": None,
             "src_mem_kind": None,  # a prefill-side field; the decode sends nothing from its own KV
+            "tp_size": 1, "dp_size": 1,  # read by 0.5.1/0.5.2's receiver
             "addr_to_rooms_tracker": defaultdict(set), "connection_pool": {}, "prefill_info_table": {},
             "required_prefill_response_num_table": {}, "prefill_response_tracker": defaultdict(set),
             "transfer_statuses": defaultdict(self._transfer_status_class() or dict), "waiting_timeout": waiting_timeout,
@@ -241,10 +242,21 @@ class ReleaseDecode:
 
     # ---------------------------------------------------------------- receivers
 
+    @property
+    def bootstraps_in_receiver_init(self) -> bool:
+        """Up to 0.5.9 the receiver's own ``__init__`` asks the prefill's bootstrap server (parallel
+        info, the rank's route), registers the KV args on first contact, and its ``init(kv_indices,
+        aux_index)`` sends the transfer info; from 0.5.10 ``init(prefill_dp_rank)`` bootstraps and
+        ``send_metadata`` sends it. Told apart by the method, not by a version list."""
+        return not hasattr(self.receiver_class, "send_metadata")
+
     def receiver(self, bootstrap_addr: str, room: int):
-        """The release's receiver for ``room``, constructed by its own ``__init__``."""
-        recv = self.receiver_class(self.manager, bootstrap_addr, room)
-        recv._connect_to_bootstrap_server = self._connect  # the only piece not from the release
+        """The release's receiver for ``room``, constructed by its own ``__init__`` (which may raise:
+        0.5.1's unpacks the bootstrap server's answer without a check)."""
+        recv = self.receiver_class.__new__(self.receiver_class)
+        # The only piece not from the release, set before __init__: up to 0.5.9 it registers there.
+        recv._connect_to_bootstrap_server = self._connect
+        recv.__init__(self.manager, bootstrap_addr, room)
         if not hasattr(recv, "trace_ctx"):
             recv.trace_ctx = _NoTrace()
         return recv
@@ -268,6 +280,12 @@ class ReleaseDecode:
             with self.manager.connection_lock:
                 self.manager.connection_pool[key] = recv.bootstrap_infos
         self.manager.update_status(recv.bootstrap_room, self.KVPoll.WaitingForInput)
+
+    def send_metadata(self, recv, pages, aux_index: int) -> None:
+        """The transfer-info frame, by the release's ``send_metadata`` (0.5.10+) or ``init`` (before);
+        no state indices: the twin's model has no mamba/SWA state."""
+        send = recv.init if self.bootstraps_in_receiver_init else recv.send_metadata
+        send(pages, aux_index)
 
     def forget_peer(self, bootstrap_addr: str, bootstrap_info: dict | None = None) -> None:
         """Drop what was registered with ``bootstrap_addr`` (as sglang's ``_handle_node_failure``

@@ -3,7 +3,8 @@
 For each request: a random ``bootstrap_room`` (``random.randint(0, 2**63 - 1)``), the
 prefill's host and bootstrap port added to the body, the same body POSTed to the
 prefill and the decode concurrently; non-streaming returns the decode's JSON once both
-answered, streaming relays the decode's stream.
+answered (a decode that failed the request is answered at once, see ``forward``),
+streaming relays the decode's stream.
 
 When the router's client disconnects, the router closes both upstream requests, so a
 killed client becomes an AbortReq on the decode. Whether the production routers
@@ -44,7 +45,7 @@ class Router:
         self.decode = settings.url(settings.decode_port)
         self.bootstrap_host = urlparse(self.prefill).hostname
         self.session: aiohttp.ClientSession | None = None
-        self.counters = {"requests": 0, "client_disconnects": 0, "completed": 0}
+        self.counters = {"requests": 0, "client_disconnects": 0, "completed": 0, "decode_failed": 0}
         self.started = time.time()
         app = web.Application(middlewares=[endpoints.fastapi_not_found])
         for endpoint in wire.ENDPOINTS:
@@ -78,10 +79,27 @@ class Router:
         responses: list[aiohttp.ClientResponse] = []
         try:
             if not body.get("stream"):
-                prefill_resp, decode_resp = await asyncio.gather(prefill_call, decode_call)
-                responses = [prefill_resp, decode_resp]
-                await prefill_resp.read()
-                payload = await decode_resp.read()
+                prefill_task = asyncio.ensure_future(prefill_call)
+                try:
+                    decode_resp = await decode_call
+                    responses.append(decode_resp)
+                    payload = await decode_resp.read()
+                    if decode_resp.status != 200:
+                        # The decode failed the request (its release's own reason): that is the
+                        # answer, at once. mini_lb would still wait for the prefill, whose NIXL room
+                        # before 0.5.18 never times out once its decode gave up: a silent hang. The
+                        # Rust PD router waits only for the decode. Closing the prefill request makes
+                        # it an AbortReq there, as a client that went away.
+                        self.counters["decode_failed"] += 1
+                        return web.Response(body=payload, status=decode_resp.status, content_type="application/json")
+                    prefill_resp = await prefill_task
+                    responses.append(prefill_resp)
+                    await prefill_resp.read()
+                finally:
+                    prefill_task.cancel()  # a no-op once it is done
+                    if prefill_task.done() and not prefill_task.cancelled() and prefill_task.exception() is None \
+                            and prefill_task.result() not in responses:
+                        prefill_task.result().close()
                 self.counters["completed"] += 1
                 return web.Response(body=payload, status=decode_resp.status, content_type="application/json")
             prefill_resp, decode_resp = await asyncio.gather(prefill_call, decode_call)
