@@ -109,22 +109,28 @@ def _send_abort(deployment, probe: Probe) -> None:
     probe.detail = f"{KILL_ATTEMPTS} killed clients brought no ABORT to the prefill's loop"
 
 
-def _send_foreign(deployment, probe: Probe) -> None:
+def push_frames(deployment, frames: list[bytes]) -> int:
+    """PUSH one multipart message to the twin prefill's bootstrap socket, as any peer could;
+    returns how many messages its loop had taken before (to wait for this one)."""
     import zmq
 
-    if not _prefill_state(deployment)["bootstrap_thread_alive"]:
-        deployment.restart("prefill")  # the ABORT killed the loop: a fresh one for this frame
     state = _prefill_state(deployment)
-    before = state["frames_consumed"]
     context = zmq.Context()
     try:
         sock = context.socket(zmq.PUSH)
         sock.setsockopt(zmq.LINGER, 2000)
         sock.connect(state["zmq_endpoint"])
-        sock.send_multipart(FOREIGN_FRAME)
+        sock.send_multipart(frames)
         sock.close()
     finally:
         context.term()
+    return state["frames_consumed"]
+
+
+def _send_foreign(deployment, probe: Probe) -> None:
+    if not _prefill_state(deployment)["bootstrap_thread_alive"]:
+        deployment.restart("prefill")  # the ABORT killed the loop: a fresh one for this frame
+    before = push_frames(deployment, FOREIGN_FRAME)
     if not _wait_for(lambda: _prefill_state(deployment)["frames_consumed"] > before, 10.0):
         probe.detail = "the prefill's loop never took the frame"
         return

@@ -12,11 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import psutil
 import pytest
-import zmq
 from packaging.version import Version
 from twin_helpers import kill_client_during_transfer_wait, twin_state, wait_until
 
 import forensics.twin as twin_api
+from forensics.crosscheck import FOREIGN_FRAME, push_frames
 from forensics.exitcodes import EnvironmentProblem
 from forensics.twin import processes
 
@@ -25,17 +25,7 @@ TEST_SETTINGS = {"prefill_rate_tps": 400.0, "decode_rate_tps": 50.0}
 
 
 def _send_foreign_frame(twin) -> int:
-    state = twin_state(twin.prefill)
-    before = state["frames_consumed"]
-    ctx = zmq.Context()
-    try:
-        sock = ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 2000)
-        sock.connect(state["zmq_endpoint"])
-        sock.send_multipart([b"FOREIGN", b"traffic"])
-        sock.close()
-    finally:
-        ctx.term()
+    before = push_frames(twin, FOREIGN_FRAME)
     wait_until(lambda: twin_state(twin.prefill)["frames_consumed"] > before, 10, "the loop to take the frame")
     return before
 
@@ -170,8 +160,8 @@ def test_release_0_5_23_serves_50_streams_and_foreign_frame(tmp_path, patched):
             assert twin_state(twin.prefill)["bootstrap_thread_alive"] is True
             assert "Foreign traffic?" not in log and "Exception in thread" not in log
             # The patched loop took the frame and said so (the codemod's warning), naming what it dropped.
-            wait_until(lambda: "Dropping a message on the bootstrap socket whose first part is b'FOREIGN' (2 parts)"
-                       in twin.log_text("prefill"), 10, "the patched loop's warning")
+            dropped = f"Dropping a message on the bootstrap socket whose first part is {FOREIGN_FRAME[0]!r} (2 parts)"
+            wait_until(lambda: dropped in twin.log_text("prefill"), 10, "the patched loop's warning")
             assert _generate(twin, "served after the foreign frame", stream=True)["kv_intact"] is True
         else:
             wait_until(lambda: twin_state(twin.prefill)["bootstrap_thread_alive"] is False, 10, "the thread to die")

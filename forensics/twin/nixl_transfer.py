@@ -62,8 +62,32 @@ def kv_payload(room: int, nbytes: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
 
 
+class FreeList:
+    """The page bookkeeping both decode pools share: a free list of page indices under a lock
+    (the scheduler allocates and releases from several threads)."""
+
+    _free: list[int]
+    _lock: threading.Lock
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def allocate(self, count: int) -> np.ndarray | None:
+        """Page indices (int32, as sglang sends them) or None when the pool is full."""
+        with self._lock:
+            if count > len(self._free):
+                return None
+            pages, self._free = self._free[:count], self._free[count:]
+        return np.asarray(pages, dtype=np.int32)
+
+    def release(self, pages: np.ndarray) -> None:
+        with self._lock:
+            self._free.extend(int(p) for p in pages)
+
+
 @dataclass
-class PagePool:
+class PagePool(FreeList):
     """A registered DRAM buffer of ``num_pages`` pages of ``page_bytes`` each, with a free list."""
 
     agent: object
@@ -85,22 +109,6 @@ class PagePool:
     @property
     def nbytes(self) -> int:
         return int(self.buffer.nbytes)
-
-    @property
-    def free_pages(self) -> int:
-        return len(self._free)
-
-    def allocate(self, count: int) -> np.ndarray | None:
-        """Page indices (int32, as sglang sends them) or None when the pool is full."""
-        with self._lock:
-            if count > len(self._free):
-                return None
-            pages, self._free = self._free[:count], self._free[count:]
-        return np.asarray(pages, dtype=np.int32)
-
-    def release(self, pages: np.ndarray) -> None:
-        with self._lock:
-            self._free.extend(int(p) for p in pages)
 
     def read(self, pages: np.ndarray, nbytes: int) -> np.ndarray:
         """The bytes held by ``pages`` (in order), cut to ``nbytes``."""

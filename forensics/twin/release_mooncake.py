@@ -35,12 +35,13 @@ from forensics.sandbox.managers import (
     set_initial_values,
 )
 from forensics.sandbox.shim import LoadedRelease
+from forensics.twin.nixl_transfer import FreeList
 from forensics.twin.release_decode import ReleaseDecode, _install_warning_once
 
 logger = logging.getLogger(__name__)
 
 
-class HostPagePool:
+class HostPagePool(FreeList):
     """The decode's KV (or aux) page pool in host memory, one buffer per region, with a free list.
 
     Same interface as :class:`forensics.twin.nixl_transfer.PagePool`. Mooncake refuses to
@@ -62,19 +63,6 @@ class HostPagePool:
     base_ptr = property(lambda self: int(self.buffer.ctypes.data))
     base_ptrs = property(lambda self: [int(b.ctypes.data) for b in self.buffers])
     nbytes = property(lambda self: int(self.buffer.nbytes))
-    free_pages = property(lambda self: len(self._free))
-
-    def allocate(self, count: int) -> np.ndarray | None:
-        """Page indices (int32, as sglang sends them) or None when the pool is full."""
-        with self._lock:
-            if count > len(self._free):
-                return None
-            pages, self._free = self._free[:count], self._free[count:]
-        return np.asarray(pages, dtype=np.int32)
-
-    def release(self, pages: np.ndarray) -> None:
-        with self._lock:
-            self._free.extend(int(p) for p in pages)
 
     def _pages(self, buffer: np.ndarray, pages: np.ndarray, nbytes: int) -> np.ndarray:
         view = buffer.reshape(self.num_pages, self.page_bytes)
