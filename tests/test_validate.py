@@ -22,6 +22,7 @@ import pytest
 import tomli_w
 from cli_helpers import invoke
 from live_helpers import ensure_healthy, ssh_inventory
+from twin_helpers import twin_state, wait_until
 
 import forensics as fx
 import forensics.twin as twin_api
@@ -143,6 +144,12 @@ def test_an_unpatched_twin_wedges_on_the_first_storm_and_the_campaign_fails(twin
 @pytest.mark.server
 @pytest.mark.timeout(420)
 def test_deploy_over_ssh_then_three_cycles_pass(twin, sshd, tmp_path_factory):
+    # The wedge leaves requests waiting at the decode; when one times out, the release's decode
+    # sends ABORT on its socket to the prefill. If that prefill was restarted a moment before,
+    # sglang 0.5.15's socket (RECONNECT_IVL -1, no SNDTIMEO: common/conn.py _connect) has no peer
+    # and the send blocks the decode for good, in sglang as in the twin. Let them time out first.
+    wait_until(lambda: not (twin_state(twin.decode)["prealloc_queue"] or twin_state(twin.decode)["transfer_queue"]),
+               90, "the wedge's waiting requests to time out at the decode")
     inventory = _over_ssh(twin, sshd, tmp_path_factory.mktemp("validate-ssh") / "over-ssh.toml")
     state["ssh_inventory"] = inventory
     campaign = fx.validate(inventory, deploy=True, yes=True, cycles=3, liveness_deadline_s=LIVENESS_S, **STORM)
