@@ -16,10 +16,16 @@ from forensics.crosscheck import DIED, NOT_SENT, SURVIVED, cross_check, predict
 pytestmark = [pytest.mark.server]
 BOUNDARY = ["0.5.12", "0.5.13", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.20", "0.5.22", "0.5.23"]
 BACKENDS = ["nixl", "mooncake"]
+# CI's share (its 25-minute budget): where the NIXL fate changes (0.5.12 sends no ABORT, 0.5.13
+# dies on it, 0.5.16 handles it, 0.5.23's KV_STATUS) and Mooncake at the incident's release; every
+# other boundary pair runs in the slow set, and every release in benchmarks/handler_crosscheck.py.
+IN_CI = {("0.5.12", "nixl"), ("0.5.13", "nixl"), ("0.5.16", "nixl"), ("0.5.23", "nixl"),
+         ("0.5.15.post1", "mooncake")}
+CASES = [pytest.param(release, backend, marks=() if (release, backend) in IN_CI else pytest.mark.slow)
+         for release in BOUNDARY for backend in BACKENDS]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("release", BOUNDARY)
+@pytest.mark.parametrize("release,backend", CASES)
 @pytest.mark.timeout(300)
 def test_the_live_twin_does_what_the_map_predicts(release, backend):
     checked = cross_check(release, backend, waiting_timeout=15)
