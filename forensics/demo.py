@@ -420,7 +420,10 @@ def _patch(story: _Story, deployment, release: str) -> None:
     story.step("patch", "verify in the engine sandbox", verified.status == "pass",
                f"{verified.status.upper()}: " + "; ".join(verified.reasons[:2]), t0)
     t0 = time.monotonic()
-    record = fx.patch.deploy(deployment)
+    # The wedge left requests waiting at the decode; sglang 0.5.15's decode blocks for good if one
+    # of them sends its ABORT to the restarted prefill too soon (patched_engine.decode_hazard):
+    # the deploy restarts such a decode after the prefill, as a live deploy should.
+    record = fx.patch.deploy(deployment, restart_decodes=True)
     # The record's own message ("patched 1 prefill engine(s); liveness ok"); the steps, with
     # their paths, are in the record (demo.json would need them only to debug a failure).
     story.step("patch", "deploy to the wedged twin", record.status == "deployed",

@@ -94,14 +94,16 @@ def verify(release: Any = "0.5.15", *, nixl: bool = True) -> VerifyResult:
 
 
 def deploy(inventory: Any, *, yes: bool = False, force: bool = False, restart: bool = False,
-           liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S,
+           restart_decodes: bool = False, liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S,
            on_step: Callable[[Step], None] | None = None) -> DeployRecord:
     """Patch every prefill engine of a deployment (inventory path, Inventory or twin).
 
     A live deployment gets the plan and each engine's diff only, unless ``yes=True``; a twin
     is deployed at once. Each engine: the file checked against the release's wheel (a fork
     is refused without ``force=True``), backup, atomic write, compile check, bytecode
-    cleared, restart, and a real one-token request within ``liveness_deadline_s``.
+    cleared, restart, and a real one-token request within ``liveness_deadline_s``. The plan
+    warns of decodes whose release blocks on a restarted prefill (sglang 0.5.15);
+    ``restart_decodes=True`` restarts those after the prefills.
     ``on_step`` is called with each step as it ends. ``.status`` and ``.exit_status`` say
     how it went.
 
@@ -109,7 +111,7 @@ def deploy(inventory: Any, *, yes: bool = False, force: bool = False, restart: b
     """
     from patched_engine.deploy import deploy as deploy_engines
 
-    return deploy_engines(inventory, yes=yes, force=force, restart=restart,
+    return deploy_engines(inventory, yes=yes, force=force, restart=restart, restart_decodes=restart_decodes,
                           liveness_deadline_s=liveness_deadline_s, on_step=on_step)
 
 
@@ -123,7 +125,8 @@ def status(inventory: Any) -> StatusReport:
     return engine_status(inventory)
 
 
-def rollback(inventory: Any, *, yes: bool = False, liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S,
+def rollback(inventory: Any, *, yes: bool = False, restart_decodes: bool = False,
+             liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S,
              on_step: Callable[[Step], None] | None = None) -> DeployRecord:
     """Put each prefill's newest backup back byte for byte (sha256 checked), restart, wait for liveness.
 
@@ -133,4 +136,5 @@ def rollback(inventory: Any, *, yes: bool = False, liveness_deadline_s: float = 
     """
     from patched_engine.deploy import rollback as roll_back
 
-    return roll_back(inventory, yes=yes, liveness_deadline_s=liveness_deadline_s, on_step=on_step)
+    return roll_back(inventory, yes=yes, restart_decodes=restart_decodes, liveness_deadline_s=liveness_deadline_s,
+                     on_step=on_step)

@@ -232,6 +232,11 @@ class DeployPlan:
     deployment: str
     twin: bool
     engines: list[EnginePlan]
+    # Decodes whose release blocks on a send to a restarted prefill (patched_engine.decode_hazard),
+    # and the decodes for which that could not be decided (why).
+    decode_hazards: list = field(default_factory=list)
+    decode_undecided: list[str] = field(default_factory=list)
+    restart_decodes: bool = False  # the deploy restarts the decodes of decode_hazards after the prefills
 
     @property
     def forks(self) -> list[EnginePlan]:
@@ -245,11 +250,22 @@ class DeployPlan:
             if e.needed:
                 steps += e.write_commands() + e.finish_commands()
             out += [{"engine": e.engine, "host": e.host, "argv": argv} for argv in steps]
+        if self.restart_decodes:
+            out += [{"engine": h.engine, "host": h.host, "argv": h.restart} for h in self.decode_hazards if h.restart]
         return out
+
+    def warnings(self) -> list[str]:
+        """What the plan's reader must know before a restart: decodes that may block, or may not be known."""
+        remedy = ("; the deploy restarts it after the prefill" if self.restart_decodes else
+                  "; pass --restart-decodes (restart_decodes=True) to restart it after the prefill, or stop its "
+                  "traffic and let its waiting requests time out (SGLANG_DISAGGREGATION_WAITING_TIMEOUT) first")
+        return [h.describe() + remedy for h in self.decode_hazards] + self.decode_undecided
 
     def to_dict(self) -> dict[str, Any]:
         return {"inventory": self.inventory, "deployment": self.deployment, "twin": self.twin,
-                "engines": [e.to_dict() for e in self.engines]}
+                "engines": [e.to_dict() for e in self.engines],
+                "decode_hazards": [h.to_dict() for h in self.decode_hazards],
+                "decode_undecided": self.decode_undecided}
 
 
 def _plan_engine(inv, engine, *, release_cache: dict[str, Release | Exception]) -> EnginePlan:
@@ -324,8 +340,11 @@ def plan_deploy(source: Any) -> DeployPlan:
     """Read every prefill engine's file and plan the deploy. Writes nothing."""
     inv, path = _inventory(source)
     cache: dict[str, Release | Exception] = {}
+    from patched_engine.decode_hazard import decode_hazards
+
     engines = [_plan_engine(inv, engine, release_cache=cache) for engine in inv.engines_with("prefill")]
-    return DeployPlan(str(path) if path else None, inv.name, inv.is_twin, engines)
+    hazards, undecided = decode_hazards(inv)
+    return DeployPlan(str(path) if path else None, inv.name, inv.is_twin, engines, hazards, undecided)
 
 
 # ----------------------------------------------------------------------------- the record
@@ -370,6 +389,8 @@ class DeployRecord:
             parts.append(Text(f"{e.label}: {e.path} ({e.kind}: {e.reason})"))
             if self.status in ("planned", "refused"):
                 parts += [Text(f"  {i}. {a}") for i, a in enumerate(e.actions(), 1)]
+        if self.action == "deploy" or self.plan.decode_hazards:
+            parts += [Text(f"warning: {w}", style="yellow") for w in self.plan.warnings()]
         if self.steps:
             table = Table("engine", "step", "state", "seconds", "detail")
             for s in self.steps:
@@ -495,21 +516,50 @@ def _finish_engine(rec: Recorder, plan: EnginePlan, *, restart_timeout_s: float)
         rec.steps.append(Step(plan.engine, "restart", "skipped", detail="no restart line in the inventory"))
 
 
+def _restart_blocking_decodes(inv, plan: DeployPlan, record: DeployRecord, *, restart_timeout_s: float,
+                              on_step: Callable[[Step], None] | None) -> None:
+    """After the prefills' restart: restart each decode whose release blocks on the restarted
+    prefill (a fresh decode has no cached socket to the old one)."""
+    for hazard in plan.decode_hazards:
+        engine = inv.engine_named(hazard.engine)
+        rec = Recorder(inv.host_for(engine), hazard.engine, sudo=engine.sudo, steps=record.steps, on_step=on_step)
+        if not hazard.restart:
+            record.steps.append(Step(hazard.engine, "restart the decode", "skipped",
+                                     detail="no restart line in the inventory: restart it yourself"))
+            continue
+        with rec.step("restart the decode") as step:
+            rec.run(step, hazard.restart, timeout=restart_timeout_s)
+            step.detail = f"{shlex.join(hazard.restart)} (its release blocks on a restarted prefill: {hazard.where})"
+
+
+def _not_live(record: DeployRecord, restart_decodes: bool, text: str) -> str:
+    """The not-live message, naming the decode hazard when it may be why (and was not dealt with)."""
+    if record.plan.decode_hazards and not restart_decodes:
+        names = ", ".join(h.label for h in record.plan.decode_hazards)
+        text += (f"; {names} may be blocked sending to the old prefill (sglang {record.plan.decode_hazards[0].release}"
+                 f", {record.plan.decode_hazards[0].where}): restart the decode (--restart-decodes) before anything "
+                 "else")
+    return text
+
+
 def deploy(source: Any, *, yes: bool = False, force: bool = False, restart: bool = False,
-           liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S,
+           restart_decodes: bool = False, liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S,
            restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
            on_step: Callable[[Step], None] | None = None) -> DeployRecord:
     """Plan, then (with ``yes=True``, or on a twin) write, restart and wait for liveness.
 
     ``force``: deploy over a file that is not the release's own (a fork), after its diff was
     shown. ``restart``: restart engines that are already patched too (after a deploy that
-    was interrupted between the write and the restart).
+    was interrupted between the write and the restart). ``restart_decodes``: after the
+    prefills, restart each decode whose release blocks on a send to a restarted prefill
+    (sglang 0.5.15: :mod:`patched_engine.decode_hazard`; the plan warns of them either way).
     """
     remote_file.check_kill_env()
     inv, path = _inventory(source)
     try:
         plan = plan_deploy(inv)
         plan.inventory = str(path) if path else None
+        plan.restart_decodes = restart_decodes
         record = DeployRecord("deploy", "planned", plan)
         problems = [e for e in plan.engines if e.problem]
         if problems:
@@ -534,6 +584,8 @@ def deploy(source: Any, *, yes: bool = False, force: bool = False, restart: bool
                     _write_engine(rec, e, e.new_bytes, backup=True)
                 if e in todo:
                     _finish_engine(rec, e, restart_timeout_s=restart_timeout_s)
+            if restart_decodes and any(e.restart for e in todo):
+                _restart_blocking_decodes(inv, plan, record, restart_timeout_s=restart_timeout_s, on_step=on_step)
         except (StepFailed, EnvironmentProblem) as exc:
             record.status = "failed"
             record.problem = str(exc)
@@ -542,8 +594,9 @@ def deploy(source: Any, *, yes: bool = False, force: bool = False, restart: bool
         wrote = [e for e in plan.engines if e.needed]
         if record.liveness["outcome"] != "ok":
             record.status = "not-live"
-            record.message = (f"liveness failed {record.liveness['waited_s']}s after the restart: roll back with "
-                              "`forensics patch rollback --inventory FILE --yes`")
+            record.message = _not_live(record, restart_decodes,
+                                       f"liveness failed {record.liveness['waited_s']}s after the restart: roll back "
+                                       "with `forensics patch rollback --inventory FILE --yes`")
         elif wrote:
             record.status = "deployed"
             record.message = f"patched {len(wrote)} prefill engine(s); liveness ok"
@@ -639,15 +692,19 @@ def _chosen_backup(plan: EnginePlan) -> dict[str, Any] | None:
     return good[-1] if good else None
 
 
-def rollback(source: Any, *, yes: bool = False, liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S,
+def rollback(source: Any, *, yes: bool = False, restart_decodes: bool = False,
+             liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S,
              restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
              on_step: Callable[[Step], None] | None = None) -> DeployRecord:
-    """Put each prefill's newest verified backup back, byte for byte; restart; wait for liveness."""
+    """Put each prefill's newest verified backup back, byte for byte; restart; wait for liveness.
+
+    ``restart_decodes`` as for :func:`deploy` (a rollback restarts the prefills too)."""
     remote_file.check_kill_env()
     inv, path = _inventory(source)
     try:
         plan = plan_deploy(inv)
         plan.inventory = str(path) if path else None
+        plan.restart_decodes = restart_decodes
         record = DeployRecord("rollback", "planned", plan)
         chosen: dict[str, dict[str, Any]] = {}
         missing = []
@@ -690,6 +747,8 @@ def rollback(source: Any, *, yes: bool = False, liveness_deadline_s: float = DEF
                     step.detail = f"{backup['path']}: sha256 {digest[:12]}… as recorded{same}"
                 _write_engine(rec, e, data, backup=False)
                 _finish_engine(rec, e, restart_timeout_s=restart_timeout_s)
+            if restart_decodes and any(e.restart for e in plan.engines if e.engine in chosen):
+                _restart_blocking_decodes(inv, plan, record, restart_timeout_s=restart_timeout_s, on_step=on_step)
         except (StepFailed, EnvironmentProblem) as exc:
             record.status = "failed"
             record.problem = str(exc)
@@ -697,7 +756,8 @@ def rollback(source: Any, *, yes: bool = False, liveness_deadline_s: float = DEF
         record.liveness = wait_liveness(inv, liveness_deadline_s)
         if record.liveness["outcome"] != "ok":
             record.status = "not-live"
-            record.message = f"restored, but liveness failed {record.liveness['waited_s']}s after the restart"
+            record.message = _not_live(record, restart_decodes,
+                                       f"restored, but liveness failed {record.liveness['waited_s']}s after the restart")
         else:
             record.status = "rolled-back"
             record.message = f"restored {len(chosen)} prefill engine(s) from their backups; liveness ok"

@@ -99,6 +99,11 @@ def ensure_healthy(twin) -> None:
     import httpx
 
     if not bootstrap_alive(twin):
+        # sglang 0.5.15's decode blocks for good when a request it holds sends its ABORT to the
+        # restarted prefill too soon (patched_engine.decode_hazard): let the wedge's waiting
+        # requests time out first (the twins here wait 15 s).
+        wait_until(lambda: not (twin_state(twin.decode)["prealloc_queue"] or twin_state(twin.decode)["transfer_queue"]),
+                   120, "the wedge's waiting requests to time out at the decode")
         twin.restart("prefill")
         wait_until(lambda: bootstrap_alive(twin), 60, "the restarted prefill's bootstrap thread")
 

@@ -99,10 +99,6 @@ def test_wedged_without_the_prefills_stderr_from_thread_dump_and_probes(twin, ss
     assert any(g.piece == "logs" and "no log source" in g.reason for g in evidence.gaps)
 
 
-# Slow set for now: it restarts the prefill of a wedged 0.5.15 twin, and failed once in CI's
-# two-worker run, likely sglang 0.5.15's decode blocking on an ABORT to the restarted prefill
-# (see tests/test_validate.py); to be made deterministic (let the waiting requests time out first).
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_restarted_prefill_is_healthy_while_the_old_traceback_is_still_in_its_log(twin, sshd, tmp_path, leak_guard):
     ensure_wedged(twin)

@@ -206,6 +206,37 @@ def test_twin_inventory_needs_no_yes_and_plan_only_without_it_elsewhere(twin, wh
     assert conn.read_bytes() == wheel["original"]
 
 
+def test_the_plan_warns_of_the_0_5_15_decode_and_restart_decodes_restarts_it(twin, wheel, tmp_path):
+    """sglang 0.5.15's decode blocks for good on a send to a restarted prefill (its receiver's socket:
+    RECONNECT_IVL -1, no SNDTIMEO): the plan says so, and --restart-decodes restarts it after the prefill."""
+    document = tomllib.loads(Path(twin.inventory_path).read_text())
+    document.pop("twin")
+    live_like = tmp_path / "not-a-twin.toml"
+    live_like.write_text(tomli_w.dumps(document))
+    planned = forensics("deploy", "--inventory", str(live_like), "--restart-decodes", "--json")
+    assert planned.returncode == 0, planned.stderr
+    plan = one_document(planned.stdout)
+    [hazard] = plan["decode_hazards"]
+    assert hazard["engine"] == "decode-0" and hazard["release"] == "0.5.15"
+    assert hazard["where"] == "common/conn.py:1101 CommonKVReceiver._connect"
+    assert [c["argv"] for c in plan["commands"]][-1] == hazard["restart"]  # shown before anything runs
+    shown = forensics("deploy", "--inventory", str(live_like))
+    assert "blocks for good" in shown.stdout and "common/conn.py:1101" in shown.stdout, shown.stdout
+
+    decode_before = twin.pid("decode")
+    try:
+        record = deploy_mod.deploy(twin.inventory_path, restart_decodes=True, liveness_deadline_s=LIVENESS_S)
+        assert record.status == "deployed", (record.message, record.problem)
+        [step] = [s for s in record.steps if s.name == "restart the decode"]
+        assert step.state == "ok" and step.engine == "decode-0" and "common/conn.py:1101" in step.detail
+        assert twin.pid("decode") != decode_before
+        assert record.liveness["outcome"] == "ok"
+    finally:
+        back = deploy_mod.rollback(twin.inventory_path, restart_decodes=True, liveness_deadline_s=LIVENESS_S)
+    assert back.status == "rolled-back", (back.message, back.problem)
+    assert twin.nixl_conn().read_bytes() == wheel["original"]
+
+
 def test_a_fork_is_refused_without_force(twin, wheel, tmp_path):
     fork = wheel["original"].replace(b"GUARD = ", b"# a local edit\nGUARD = ", 1)
     assert fork != wheel["original"]

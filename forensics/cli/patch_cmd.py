@@ -195,11 +195,13 @@ def _conclude_record(record, as_json: bool) -> None:
 @click.option("--force", is_flag=True, help="Deploy over a file that is not the release's own (after its diff).")
 @click.option("--restart", "restart_patched", is_flag=True,
               help="Restart already-patched engines too (a deploy stopped between write and restart).")
+@click.option("--restart-decodes", is_flag=True,
+              help="After the prefills, restart each decode whose release blocks on a restarted prefill (0.5.15).")
 @click.option("--liveness-deadline", type=float, default=600.0, show_default=True,
               help="Seconds after the restart within which a real one-token request must answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-def deploy_command(inventory: str, yes: bool, force: bool, restart_patched: bool, liveness_deadline: float,
-                   as_json: bool) -> None:
+def deploy_command(inventory: str, yes: bool, force: bool, restart_patched: bool, restart_decodes: bool,
+                   liveness_deadline: float, as_json: bool) -> None:
     """Patch every prefill engine's nixl/conn.py: plan and diff; with --yes backup, atomic write,
     compile check, bytecode cleared, restart, LIVENESS.
 
@@ -208,7 +210,8 @@ def deploy_command(inventory: str, yes: bool, force: bool, restart_patched: bool
     """
     from patched_engine.deploy import deploy
 
-    record = deploy(inventory, yes=yes, force=force, restart=restart_patched, liveness_deadline_s=liveness_deadline,
+    record = deploy(inventory, yes=yes, force=force, restart=restart_patched, restart_decodes=restart_decodes,
+                    liveness_deadline_s=liveness_deadline,
                     on_step=_deploy_progress(as_json))
     _conclude_record(record, as_json)
 
@@ -231,10 +234,13 @@ def status_command(inventory: str, as_json: bool) -> None:
 @command.command("rollback")
 @click.option("--inventory", required=True, type=click.Path(dir_okay=False, exists=True), help=INVENTORY_HELP)
 @click.option("--yes", is_flag=True, help="Really roll back a live deployment. Without it only the plan.")
+@click.option("--restart-decodes", is_flag=True,
+              help="After the prefills, restart each decode whose release blocks on a restarted prefill (0.5.15).")
 @click.option("--liveness-deadline", type=float, default=600.0, show_default=True,
               help="Seconds after the restart within which a real one-token request must answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-def rollback_command(inventory: str, yes: bool, liveness_deadline: float, as_json: bool) -> None:
+def rollback_command(inventory: str, yes: bool, restart_decodes: bool, liveness_deadline: float,
+                     as_json: bool) -> None:
     """Put each prefill's newest backup back byte for byte (sha256 checked), restart, LIVENESS.
 
     Exit 0 rolled back (or nothing to roll back, or plan shown), 1 refused (no backup) or not
@@ -242,5 +248,6 @@ def rollback_command(inventory: str, yes: bool, liveness_deadline: float, as_jso
     """
     from patched_engine.deploy import rollback
 
-    record = rollback(inventory, yes=yes, liveness_deadline_s=liveness_deadline, on_step=_deploy_progress(as_json))
+    record = rollback(inventory, yes=yes, restart_decodes=restart_decodes, liveness_deadline_s=liveness_deadline,
+                      on_step=_deploy_progress(as_json))
     _conclude_record(record, as_json)

@@ -14,6 +14,8 @@ AB_POOL_PAGES = 160  # the twins of --ab: 160 pages of 4 KiB in the decode's KV 
 @click.option("--inventory", "inventory", type=click.Path(dir_okay=False), default=None,
               help="the deployment's inventory file (a twin's is printed by 'twin up'); A of --ab")
 @click.option("--deploy", is_flag=True, help="deploy the patched engine first (patched_engine.deploy)")
+@click.option("--restart-decodes", is_flag=True,
+              help="with --deploy: restart each decode whose release blocks on a restarted prefill (0.5.15)")
 @click.option("--cycles", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--sessions", default=60, show_default=True, type=click.IntRange(min=1),
               help="concurrent sessions per cycle")
@@ -38,7 +40,7 @@ AB_POOL_PAGES = 160  # the twins of --ab: 160 pages of 4 KiB in the decode's KV 
 @click.option("--release", default="0.5.15", show_default=True,
               help="with --ab and no inventories: start an unpatched and a patched twin of this release")
 @json_option
-def command(inventory, deploy, cycles, sessions, kill_after, phase, prompt_tokens, max_tokens, mode, sample_s,
+def command(inventory, deploy, restart_decodes, cycles, sessions, kill_after, phase, prompt_tokens, max_tokens, mode, sample_s,
             probe_deadline, liveness_deadline, yes, out, ab, inventory_b, release, as_json) -> None:
     """Deploy (optional), then storm N cycles and check each: PASS only when every check passed.
 
@@ -58,7 +60,8 @@ def command(inventory, deploy, cycles, sessions, kill_after, phase, prompt_token
         raise click.UsageError("--inventory is required (or --ab to start two twins)")
     try:
         with StormDisplay(as_json) as display:
-            campaign = validate(inventory, deploy=deploy, liveness_deadline_s=liveness_deadline,
+            campaign = validate(inventory, deploy=deploy, restart_decodes=restart_decodes,
+                                liveness_deadline_s=liveness_deadline,
                                 progress=display.update, **options)
     except ConfirmationNeeded as exc:
         refusal, plan = exc, exc.plan

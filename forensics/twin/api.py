@@ -247,8 +247,7 @@ class Deployment:
             if name not in processes.ROLE_ORDER:
                 raise TwinError(f"unknown role {name!r} (prefill, decode, router or all)")
         started = time.monotonic()
-        for name in reversed(roles):
-            processes.stop(self.directory, name)
+        processes.stop_all(self.directory, reversed(roles))
         for name in roles:
             _start_role(self, name)
         return time.monotonic() - started
@@ -267,8 +266,7 @@ class Deployment:
         settings = self.settings
         directory = Path(settings.directory)
         report: dict = {"stopped": [], "stale": [], "still_running": [], "removed_directory": None}
-        for role in reversed(processes.ROLE_ORDER):
-            outcome = processes.stop(directory, role)
+        for role, outcome in processes.stop_all(directory, reversed(processes.ROLE_ORDER)).items():
             if outcome == "running":
                 report["stopped"].append(role)
             elif outcome == "stale":
@@ -572,9 +570,7 @@ def _up_in(directory: Path, created: bool, sglang: str, *, patched: bool, backen
                     processes.fault("after-prefill-ready")
             processes.fault("before-handover")
         except BaseException:
-            settings_kept = deployment.settings
-            for role in reversed(processes.ROLE_ORDER):
-                processes.stop(Path(settings_kept.directory), role)
+            processes.stop_all(Path(deployment.settings.directory), reversed(processes.ROLE_ORDER))
             for child in children.values():
                 child.release_lifeline()
             raise

@@ -31,14 +31,15 @@ _STORM_OPTIONS = ("phase", "waves", "wave_interval", "prompt_tokens", "max_token
                   "settle", "sample_s")
 
 
-def validate(target: Any, *, deploy: bool = False, yes: bool = False, cycles: int = 1, sessions: int = 60,
+def validate(target: Any, *, deploy: bool = False, yes: bool = False, restart_decodes: bool = False,
+             cycles: int = 1, sessions: int = 60,
              kill_after: Any = 20.0, probe_deadline_s: float | None = None, collect_options: dict | None = None,
              liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S, progress: Progress | None = None,
              **storm_options: Any) -> Campaign:
     """Run a validation campaign against ``target`` (inventory path, Inventory or twin).
 
     ``deploy``: first deploy the patched engine (``patched_engine.deploy``; restart and
-    liveness included). ``probe_deadline_s``: the liveness probe's deadline after each cycle
+    liveness included; ``restart_decodes`` as there). ``probe_deadline_s``: the liveness probe's deadline after each cycle
     (the collection's default otherwise). Other options are the storm's (``phase``,
     ``prompt_tokens``, ``max_tokens``, ``mode``, ``sample_s``, ...).
 
@@ -70,7 +71,8 @@ def validate(target: Any, *, deploy: bool = False, yes: bool = False, cycles: in
     try:
         if deploy:
             _tell(progress, stage="deploy")
-            campaign.deploy, campaign.deploy_record = _deploy(source, yes=yes, deadline_s=liveness_deadline_s)
+            campaign.deploy, campaign.deploy_record = _deploy(source, yes=yes, deadline_s=liveness_deadline_s,
+                                                                 restart_decodes=restart_decodes)
             if campaign.deploy.status != PASS:
                 campaign.stopped = "the deploy did not succeed: no storm was run"
                 return campaign
@@ -124,11 +126,11 @@ def _all_undecided(reason: str, cycle: int) -> list[Check]:
     return [Check(name, INCONCLUSIVE, reason, cycle=cycle) for name in checks_mod.CHECKS]
 
 
-def _deploy(source: Any, *, yes: bool, deadline_s: float) -> tuple[Check, Any]:
+def _deploy(source: Any, *, yes: bool, deadline_s: float, restart_decodes: bool = False) -> tuple[Check, Any]:
     from patched_engine import deploy as deploy_mod
 
     try:
-        record = deploy_mod.deploy(source, yes=yes, liveness_deadline_s=deadline_s)
+        record = deploy_mod.deploy(source, yes=yes, restart_decodes=restart_decodes, liveness_deadline_s=deadline_s)
     except ForensicsError as exc:
         return Check("deploy", INCONCLUSIVE, f"the deploy could not run: {type(exc).__name__}: {exc}"), None
     steps = pd.DataFrame([{"step": s.name, "engine": getattr(s, "engine", None), "state": s.state}
