@@ -90,23 +90,18 @@ def _wait_for(predicate, timeout: float) -> bool:
 
 
 def _send_abort(deployment, probe: Probe) -> None:
-    from forensics.demo import kill_client_during_transfer_wait
+    from forensics.demo import kill_until_the_prefill_takes_a_frame
 
-    for attempt in range(1, KILL_ATTEMPTS + 1):
-        before = _prefill_state(deployment)["frames_consumed"]
-        detail = kill_client_during_transfer_wait(deployment)
-        if "decode aborted" not in detail:
-            continue
-        # The decode failed the transfer; whether it sent ABORT is its release's decision, and the
-        # prefill's loop must have taken a frame since the kill for the outcome to mean anything.
-        if not _wait_for(lambda seen=before: _prefill_state(deployment)["frames_consumed"] > seen, 10.0):
-            continue
-        alive = _wait_for(lambda: _prefill_state(deployment)["bootstrap_thread_alive"] is False, 5.0) is False
-        probe.live = SURVIVED if alive else DIED
-        probe.detail = f"killed client {attempt}: the prefill took the ABORT; bootstrap_thread " + (
-            "alive" if alive else "dead")
+    # The decode fails the transfer; whether it sends ABORT is its release's decision, and the
+    # prefill's loop must have taken a frame since the kill for the outcome to mean anything.
+    taken, attempt, _ = kill_until_the_prefill_takes_a_frame(deployment, KILL_ATTEMPTS)
+    if not taken:
+        probe.detail = f"{KILL_ATTEMPTS} killed clients brought no ABORT to the prefill's loop"
         return
-    probe.detail = f"{KILL_ATTEMPTS} killed clients brought no ABORT to the prefill's loop"
+    alive = _wait_for(lambda: _prefill_state(deployment)["bootstrap_thread_alive"] is False, 5.0) is False
+    probe.live = SURVIVED if alive else DIED
+    probe.detail = f"killed client {attempt}: the prefill took the ABORT; bootstrap_thread " + (
+        "alive" if alive else "dead")
 
 
 def push_frames(deployment, frames: list[bytes]) -> int:

@@ -170,10 +170,29 @@ def kill_client_during_transfer_wait(deployment, prompt_tokens: int = 20000, tim
         "client killed, but the decode never aborted the transfer"
 
 
+KILL_ATTEMPTS = 3
+
+
+def kill_until_the_prefill_takes_a_frame(deployment, attempts: int = KILL_ATTEMPTS) -> tuple[bool, int, str]:
+    """Kill streaming clients during their transfer wait until the prefill's bootstrap loop has
+    taken a frame since a kill (the decode's ABORT, where its release sends one), at most
+    ``attempts`` times: on a loaded machine a kill can land outside the wait, and then nothing is
+    aborted. Returns (a frame taken, clients killed, the last kill's detail)."""
+    def consumed() -> int:
+        return _twin_state(deployment.prefill)["frames_consumed"]
+
+    detail = ""
+    for attempt in range(1, attempts + 1):
+        before = consumed()
+        detail = kill_client_during_transfer_wait(deployment)
+        if "decode aborted" in detail and _wait_until(lambda seen=before: consumed() > seen, 10.0):
+            return True, attempt, detail
+    return False, attempts, detail
+
+
 # ------------------------------------------------------------------------------ the story
 
 STAGES = ("reproduce", "diagnose", "diff", "patch", "validate", "report")
-KILL_ATTEMPTS = 3
 
 
 def default_out() -> Path:
@@ -374,15 +393,7 @@ def same_kill(release: str, backend: str = "nixl", **twin_options) -> KillOutcom
     from forensics import twin
 
     with twin.up(release, backend=backend, **twin_options) as deployment:
-        def consumed() -> int:
-            return _twin_state(deployment.prefill)["frames_consumed"]
-
-        attempts, reached = 0, False
-        while attempts < KILL_ATTEMPTS and not reached:
-            attempts += 1
-            before = consumed()
-            kill_client_during_transfer_wait(deployment)
-            reached = bool(_wait_until(lambda seen=before: consumed() > seen, 10.0))
+        reached, attempts, _ = kill_until_the_prefill_takes_a_frame(deployment, KILL_ATTEMPTS)
         # The loop dies, if it does, as it reads the frame: give it the moment it takes.
         dead = _wait_until(lambda: _bootstrap_alive(deployment) is False, 3.0)
         rooms = re.findall(r"Sent abort notification for room (\d+)", deployment.log_text("decode"))

@@ -516,6 +516,13 @@ def _finish_engine(rec: Recorder, plan: EnginePlan, *, restart_timeout_s: float)
         rec.steps.append(Step(plan.engine, "restart", "skipped", detail="no restart line in the inventory"))
 
 
+def _planned(action: str, inv, path, restart_decodes: bool) -> DeployRecord:
+    plan = plan_deploy(inv)
+    plan.inventory = str(path) if path else None
+    plan.restart_decodes = restart_decodes
+    return DeployRecord(action, "planned", plan)
+
+
 def _restart_blocking_decodes(inv, plan: DeployPlan, record: DeployRecord, *, restart_timeout_s: float,
                               on_step: Callable[[Step], None] | None) -> None:
     """After the prefills' restart: restart each decode whose release blocks on the restarted
@@ -557,10 +564,8 @@ def deploy(source: Any, *, yes: bool = False, force: bool = False, restart: bool
     remote_file.check_kill_env()
     inv, path = _inventory(source)
     try:
-        plan = plan_deploy(inv)
-        plan.inventory = str(path) if path else None
-        plan.restart_decodes = restart_decodes
-        record = DeployRecord("deploy", "planned", plan)
+        record = _planned("deploy", inv, path, restart_decodes)
+        plan = record.plan
         problems = [e for e in plan.engines if e.problem]
         if problems:
             record.status = "refused"
@@ -702,10 +707,8 @@ def rollback(source: Any, *, yes: bool = False, restart_decodes: bool = False,
     remote_file.check_kill_env()
     inv, path = _inventory(source)
     try:
-        plan = plan_deploy(inv)
-        plan.inventory = str(path) if path else None
-        plan.restart_decodes = restart_decodes
-        record = DeployRecord("rollback", "planned", plan)
+        record = _planned("rollback", inv, path, restart_decodes)
+        plan = record.plan
         chosen: dict[str, dict[str, Any]] = {}
         missing = []
         for e in plan.engines:
