@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "RESULTS.md"
@@ -15,3 +16,17 @@ def write_section(text: str, start: str, end: str, results: Path = RESULTS) -> N
         results.write_text(head + text + rest.split(end, 1)[1], encoding="utf-8")
     else:
         results.write_text(current.rstrip("\n") + "\n\n" + text + "\n", encoding="utf-8")
+
+
+def benchmark_parser(name: str, description: str) -> argparse.ArgumentParser:
+    """A benchmark's command line (``python -m benchmarks NAME``), with the ``--no-write`` all of them take."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}", description=description)
+    parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
+    return parser
+
+
+def publish(text: str, start: str, end: str, *, write: bool) -> None:
+    """Print a benchmark's section and, when ``write``, put it in RESULTS.md."""
+    print(text)
+    if write:
+        write_section(text, start, end)

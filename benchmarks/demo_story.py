@@ -10,7 +10,6 @@ from the demo's own step timings, and whether the story held.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -21,7 +20,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchmarks._results import write_section
+from benchmarks._results import benchmark_parser, publish
 
 BENCHMARK = "forensics demo (reproduce, diagnose, diff, patch, validate, report) end to end, target under 180 s"
 SECTION_START = "<!-- demo-story:start -->"
@@ -75,18 +74,15 @@ def section(trials: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks demo_story", description=BENCHMARK)
+    parser = benchmark_parser("demo_story", BENCHMARK)
     parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     args = parser.parse_args(argv)
     trials = []
     for number in range(1, args.trials + 1):
         trials.append(one_trial())
         print(f"trial {number}: {trials[-1]['wall_s']:.1f} s, held: {trials[-1]['ok']}", file=sys.stderr)
     text = section(trials)
-    print(text)
-    if not args.no_write:
-        write_section(text, SECTION_START, SECTION_END)
+    publish(text, SECTION_START, SECTION_END, write=not args.no_write)
     return 0 if all(t["ok"] for t in trials) else 1
 
 

@@ -11,13 +11,12 @@ does not agree is listed under it with its detail, to be fixed or explained ther
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from datetime import UTC, datetime
 
-from benchmarks._results import write_section
+from benchmarks._results import benchmark_parser, publish
 
 BENCHMARK = "handler map vs live twins: the decode's ABORT and a foreign frame, every release x backend"
 SECTION_START = "<!-- handler-crosscheck:start -->"
@@ -63,11 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     from forensics.crosscheck import cross_check
     from forensics.sglang_source import available_releases
 
-    parser = argparse.ArgumentParser(prog="python -m benchmarks handler_crosscheck", description=BENCHMARK)
+    parser = benchmark_parser("handler_crosscheck", BENCHMARK)
     parser.add_argument("--from", dest="lower", default="0.5.1")
     parser.add_argument("--to", dest="upper", default="0.5.23")
     parser.add_argument("--backend", action="append", help="nixl, mooncake (default: both)")
-    parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     args = parser.parse_args(argv)
     backends = args.backend or ["nixl", "mooncake"]
     started = time.perf_counter()
@@ -79,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{release} {backend}: ABORT {c.abort.live}/{c.abort.predicted}, foreign "
                   f"{c.foreign.live}/{c.foreign.predicted} ({c.seconds:.1f} s)", file=sys.stderr)
     text = section(checks, time.perf_counter() - started)
-    print(text)
-    if not args.no_write:
-        write_section(text, SECTION_START, SECTION_END)
+    publish(text, SECTION_START, SECTION_END, write=not args.no_write)
     return 0 if all(p.agrees for c in checks for p in (c.abort, c.foreign)) else 1
 
 

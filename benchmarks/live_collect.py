@@ -15,7 +15,6 @@ pid at once would race for it (a real deployment has one process per engine).
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import tomli_w
 
-from benchmarks._results import write_section
+from benchmarks._results import benchmark_parser, publish
 
 BENCHMARK = "py-spy dump + parse of the twin's prefill (median); collect from 50 SSH targets vs 1"
 SECTION_START = "<!-- live-collect:start -->"
@@ -130,21 +129,14 @@ def section(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write(text: str) -> None:
-    write_section(text, SECTION_START, SECTION_END)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks live_collect", description=BENCHMARK)
+    parser = benchmark_parser("live_collect", BENCHMARK)
     parser.add_argument("--dumps", type=int, default=30)
     parser.add_argument("--targets", type=int, default=50)
-    parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     args = parser.parse_args(argv)
     result = measure(args.dumps, args.targets)
     text = section(result)
-    print(text)
-    if not args.no_write:
-        write(text)
+    publish(text, SECTION_START, SECTION_END, write=not args.no_write)
     return 0
 
 

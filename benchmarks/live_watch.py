@@ -19,7 +19,6 @@ Targets: WEDGED within 5 s in every trial; no WEDGED in the healthy run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -34,7 +33,7 @@ from urllib.parse import urlparse
 
 import pandas as pd
 
-from benchmarks._results import write_section
+from benchmarks._results import benchmark_parser, publish
 
 BENCHMARK = "watch: seconds from bootstrap-thread death to WEDGED (20 trials); no WEDGED in 2 min of healthy load"
 SECTION_START = "<!-- live-watch:start -->"
@@ -219,23 +218,16 @@ def section(results: dict[str, list[dict]], healthy: dict) -> str:
     return "\n".join(lines)
 
 
-def write(text: str) -> None:
-    write_section(text, SECTION_START, SECTION_END)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks live_watch", description=BENCHMARK)
+    parser = benchmark_parser("live_watch", BENCHMARK)
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--healthy-seconds", type=float, default=120.0)
-    parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     args = parser.parse_args(argv)
     os.environ["SGLANG_LOG_MS"] = "1"  # the twin's processes inherit it: log times to the millisecond
     results = wedge_trials(args.trials)
     healthy = healthy_run(args.healthy_seconds)
     text = section(results, healthy)
-    print(text)
-    if not args.no_write:
-        write(text)
+    publish(text, SECTION_START, SECTION_END, write=not args.no_write)
     return 0
 
 

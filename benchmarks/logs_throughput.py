@@ -46,6 +46,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks import journal_corpus
+from benchmarks._results import benchmark_parser
 
 BENCHMARK = ("log forensics: scan() and `forensics logs --json` vs grep -cE on a 1 GB journal and an event-heavy one; "
              "scan MB/s, peak RSS, count_signatures vs grep and rg")
@@ -496,7 +497,7 @@ def profile(size: int, top: int = 25, corpus: str = "steady") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks logs_throughput", description=BENCHMARK)
+    parser = benchmark_parser("logs_throughput", BENCHMARK)
     parser.add_argument("--size", default="1G", help="steady journal size (default 1G)")
     parser.add_argument("--path", type=Path, default=None,
                         help="steady journal path (default benchmarks/data/journal-<size>.log)")
@@ -505,7 +506,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="event-heavy journal path (default benchmarks/data/journal-storm-<size>.log)")
     parser.add_argument("--corpus", choices=("both", "steady", "storm"), default="both")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     parser.add_argument("--profile", action="store_true", help="cProfile scan() instead (see --profile-size)")
     parser.add_argument("--profile-size", default="100M")
     parser.add_argument("--profile-corpus", choices=sorted(journal_corpus.PROFILES), default="steady")

@@ -20,7 +20,6 @@ for ``--scrape-s`` seconds; the figure is this process's CPU time (user + system
 
 from __future__ import annotations
 
-import argparse
 import math
 import platform
 import sys
@@ -28,9 +27,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from benchmarks._results import benchmark_parser, publish
+
 BENCHMARK = ("/metrics parsing: parse_exposition vs prometheus_client's text_string_to_metric_families "
              "on a 2,000-sample sglang page, side by side, values compared")
-RESULTS = Path(__file__).parent / "RESULTS.md"
 SECTION_START = "<!-- metrics-parse:start -->"
 SECTION_END = "<!-- metrics-parse:end -->"
 
@@ -242,32 +242,19 @@ def section(samples: int, best: dict[str, float], rounds: int, loops: int, cost:
     return "\n".join(lines)
 
 
-def write(text: str) -> None:
-    current = RESULTS.read_text(encoding="utf-8")
-    if SECTION_START in current and SECTION_END in current:
-        head, rest = current.split(SECTION_START, 1)
-        tail = rest.split(SECTION_END, 1)[1]
-        RESULTS.write_text(head + text + tail, encoding="utf-8")
-    else:
-        RESULTS.write_text(current.rstrip("\n") + "\n\n" + text + "\n", encoding="utf-8")
-
-
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks metrics_parse", description=BENCHMARK)
+    parser = benchmark_parser("metrics_parse", BENCHMARK)
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--loops", type=int, default=20)
     parser.add_argument("--scrape-s", type=float, default=10.0, help="seconds of 10 Hz scraping (0: skip)")
-    parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     args = parser.parse_args(argv)
     page = build_page(args.samples)
     samples = compare(page)
     best = measure(page, args.rounds, args.loops)
     cost = scrape_cost(args.scrape_s) if args.scrape_s > 0 else None
     text = section(samples, best, args.rounds, args.loops, cost)
-    print(text)
-    if not args.no_write:
-        write(text)
+    publish(text, SECTION_START, SECTION_END, write=not args.no_write)
     if best["ours"] > best["prometheus_client"]:
         print("FAIL: parse_exposition is slower than prometheus_client's parser", file=sys.stderr)
         return 1

@@ -13,7 +13,6 @@ to the last reset, and how many disconnects the router counted afterwards.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import tempfile
@@ -21,7 +20,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchmarks._results import write_section
+from benchmarks._results import benchmark_parser, publish
 
 BENCHMARK = "1,000 streaming sessions open through the twin's router, all reset (RST) within 100 ms"
 SECTION_START = "<!-- storm-reset:start -->"
@@ -109,15 +108,12 @@ def section(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks storm_reset", description=BENCHMARK)
+    parser = benchmark_parser("storm_reset", BENCHMARK)
     parser.add_argument("--sessions", type=int, default=1000)
-    parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     args = parser.parse_args(argv)
     result = measure(args.sessions)
     text = section(result)
-    print(text)
-    if not args.no_write:
-        write_section(text, SECTION_START, SECTION_END)
+    publish(text, SECTION_START, SECTION_END, write=not args.no_write)
     return 0
 
 

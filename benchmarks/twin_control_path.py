@@ -13,7 +13,6 @@ each in turn, so the machine's load hits both alike.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -24,7 +23,7 @@ import urllib.request
 import httpx
 
 import forensics.twin as twin_api
-from benchmarks._results import write_section
+from benchmarks._results import benchmark_parser, publish
 
 BENCHMARK = "twin control path (bootstrap + 1 MiB KV transfer), NIXL beside Mooncake, median over N requests"
 SECTION_START = "<!-- twin-control-path-backends:start -->"
@@ -83,11 +82,10 @@ def section(release: str, requests: int, results: dict[str, dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks twin_control_path", description=BENCHMARK)
+    parser = benchmark_parser("twin_control_path", BENCHMARK)
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--sglang", default="0.5.15")
     parser.add_argument("--backends", default="nixl,mooncake")
-    parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     args = parser.parse_args(argv)
     twins = {}
     with tempfile.TemporaryDirectory() as directory:
@@ -103,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{backend}: control path median {statistics.median(r['control_ms']):.2f} ms, client e2e median "
               f"{statistics.median(r['e2e_s']) * 1000:.2f} ms", file=sys.stderr)
     text = section(args.sglang, args.requests, results)
-    print(text)
-    if not args.no_write:
-        write_section(text, SECTION_START, SECTION_END)
+    publish(text, SECTION_START, SECTION_END, write=not args.no_write)
     return 0
 
 

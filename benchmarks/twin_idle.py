@@ -14,22 +14,20 @@ control path no more than 20% worse than with sglang's setting. The figures repl
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import tempfile
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
 import psutil
 
 import forensics.twin as twin_api
+from benchmarks._results import benchmark_parser, publish
 from benchmarks.twin_control_path import control_path
 from forensics.sandbox import quiet_nixl
 
 BENCHMARK = "idle CPU of a twin's three processes over 30 s, and the control path, busy vs quiet NIXL progress"
-RESULTS = Path(__file__).parent / "RESULTS.md"
 SECTION_START = "<!-- twin-idle:start -->"
 SECTION_END = "<!-- twin-idle:end -->"
 TARGET_IDLE_SHARE = 0.05
@@ -106,27 +104,14 @@ def section(rows: list[dict], idle_seconds: float, requests: int) -> str:
     return "\n".join(lines)
 
 
-def write(text: str) -> None:
-    current = RESULTS.read_text(encoding="utf-8")
-    if SECTION_START in current:
-        head, rest = current.split(SECTION_START, 1)
-        tail = rest.split(SECTION_END, 1)[1]
-        RESULTS.write_text(head + text + tail, encoding="utf-8")
-    else:
-        RESULTS.write_text(current.rstrip("\n") + "\n\n" + text + "\n", encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks twin_idle", description=BENCHMARK)
+    parser = benchmark_parser("twin_idle", BENCHMARK)
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--requests", type=int, default=500)
-    parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     args = parser.parse_args(argv)
     rows = [measure(label, delay, args.idle_seconds, args.requests) for label, delay in SETTINGS]
     text = section(rows, args.idle_seconds, args.requests)
-    print(text)
-    if not args.no_write:
-        write(text)
+    publish(text, SECTION_START, SECTION_END, write=not args.no_write)
     return 0
 
 

@@ -9,7 +9,6 @@ and takes it down; runs of the backends alternate so load on the shared machine 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -17,7 +16,7 @@ import time
 import urllib.request
 
 import forensics.twin as twin_api
-from benchmarks._results import write_section
+from benchmarks._results import benchmark_parser, publish
 from forensics.sglang_source import fetch
 
 BENCHMARK = "twin up + healthy from a warm wheel cache, NIXL and Mooncake, target under 5 s (median)"
@@ -62,11 +61,10 @@ def section(release: str, totals: dict[str, list[float]], timings: dict[str, lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks twin_startup", description=BENCHMARK)
+    parser = benchmark_parser("twin_startup", BENCHMARK)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--sglang", default="0.5.15")
     parser.add_argument("--backends", default="nixl,mooncake")
-    parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     args = parser.parse_args(argv)
     backends = [b for b in args.backends.split(",") if b]
     fetch(args.sglang)  # warm cache
@@ -79,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             timings[backend].append(roles)
             print(f"{backend}: up+healthy {total:.2f}s  per role {roles}", file=sys.stderr)
     text = section(args.sglang, totals, timings)
-    print(text)
-    if not args.no_write:
-        write_section(text, SECTION_START, SECTION_END)
+    publish(text, SECTION_START, SECTION_END, write=not args.no_write)
     return 0 if all(statistics.median(v) < TARGET_S for v in totals.values()) else 1
 
 

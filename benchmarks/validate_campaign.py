@@ -12,14 +12,13 @@ produced (a campaign without aborts would prove nothing).
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchmarks._results import write_section
+from benchmarks._results import benchmark_parser, publish
 
 BENCHMARK = "validation campaign on a patched twin: 60 sessions x 2 cycles, target under 90 s"
 SECTION_START = "<!-- validate-campaign:start -->"
@@ -87,21 +86,14 @@ def section(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write(text: str) -> None:
-    write_section(text, SECTION_START, SECTION_END)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks validate_campaign", description=BENCHMARK)
+    parser = benchmark_parser("validate_campaign", BENCHMARK)
     parser.add_argument("--sessions", type=int, default=60)
     parser.add_argument("--cycles", type=int, default=2)
     parser.add_argument("--prompt-tokens", type=int, default=1200)
     parser.add_argument("--sample", type=float, default=8.0, help="seconds each check's probes and metrics sample")
-    parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     args = parser.parse_args(argv)
     result = measure(args.sessions, args.cycles, args.prompt_tokens, args.sample)
     text = section(result)
-    print(text)
-    if not args.no_write:
-        write(text)
+    publish(text, SECTION_START, SECTION_END, write=not args.no_write)
     return 0
