@@ -23,6 +23,10 @@ IN_CI = {("0.5.12", "nixl"), ("0.5.13", "nixl"), ("0.5.16", "nixl"), ("0.5.23", 
          ("0.5.15.post1", "mooncake")}
 CASES = [pytest.param(release, backend, marks=() if (release, backend) in IN_CI else pytest.mark.slow)
          for release in BOUNDARY for backend in BACKENDS]
+# Mooncake before 0.5.10 (the older wrapper and receiver; no ABORT from the decode before 0.5.13):
+# 0.5.6 in CI (a few seconds: no kill needed), the ends of the range in the slow set.
+CASES += [pytest.param("0.5.1", "mooncake", marks=pytest.mark.slow), pytest.param("0.5.6", "mooncake"),
+          pytest.param("0.5.9", "mooncake", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("release,backend", CASES)
@@ -41,3 +45,5 @@ def test_the_predictions_follow_the_source_at_the_incident_boundaries():
     assert predict("0.5.15", "nixl") == (DIED, DIED)  # the incident
     assert predict("0.5.16", "nixl") == (SURVIVED, DIED)  # ABORT handled, foreign still fatal
     assert predict("0.5.15", "mooncake") == (SURVIVED, DIED)
+    # Before 0.5.13 no decode sends ABORT; Mooncake's loop reads frame [3] of anything not "None".
+    assert predict("0.5.6", "mooncake") == (NOT_SENT, DIED)
