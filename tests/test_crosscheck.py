@@ -30,3 +30,5 @@ def test_the_predictions_follow_the_source_at_the_incident_boundaries():
     assert predict("0.5.15", "nixl") == (DIED, DIED)  # the incident
     assert predict("0.5.16", "nixl") == (SURVIVED, DIED)  # ABORT handled, foreign still fatal
     assert predict("0.5.15", "mooncake") == (SURVIVED, DIED)
+    # Before 0.5.13 no decode sends ABORT; Mooncake's loop reads frame [3] of anything not "None".
+    assert predict("0.5.6", "mooncake") == (NOT_SENT, DIED)

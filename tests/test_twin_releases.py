@@ -18,7 +18,9 @@ from twin_helpers import kill_client_during_transfer_wait, twin_state, wait_unti
 import forensics.twin as twin_api
 from forensics.crosscheck import FOREIGN_FRAME, push_frames
 from forensics.exitcodes import EnvironmentProblem
+from forensics.sglang_source import SglangSource
 from forensics.twin import processes
+from forensics.twin.release_mooncake import check_mooncake_served
 
 pytestmark = [pytest.mark.server]
 TEST_SETTINGS = {"prefill_rate_tps": 400.0, "decode_rate_tps": 50.0}
@@ -202,9 +204,13 @@ def test_release_without_the_backend_is_a_clear_error(tmp_path):
         twin_api.up("0.5.1", backend="mori", directory=tmp_path)
     with pytest.raises(EnvironmentProblem, match=r"runs the nixl and mooncake backends \(got --backend mori\)"):
         twin_api.up("0.5.15", backend="mori", directory=tmp_path)
-    # A Mooncake twin of a release it cannot serve is refused up front, naming why (never a hang).
-    with pytest.raises(EnvironmentProblem, match=r"0\.5\.9 --backend mooncake: .*session id .*serves 0\.5\.10 to 0\.5\.23"):
-        twin_api.up("0.5.9", backend="mooncake", directory=tmp_path)
+    # A Mooncake twin of a tree it cannot serve is refused up front, naming why (never a hang): every
+    # 0.5.x wheel has a MooncakeTransferEngine wrapper, a trimmed checkout may not.
+    trimmed = tmp_path / "trimmed"
+    (trimmed / "sglang" / "srt" / "disaggregation" / "mooncake").mkdir(parents=True)
+    with pytest.raises(EnvironmentProblem, match=r"0\.5\.6 --backend mooncake: the release has no "
+                                                 r"MooncakeTransferEngine wrapper \(neither .*\)"):
+        check_mooncake_served(SglangSource(version="0.5.6", root=trimmed, origin="directory"))
     with pytest.raises(EnvironmentProblem, match=r"--patched applies the NIXL fix to nixl/conn\.py"):
         twin_api.up("0.5.14", backend="mooncake", patched=True, directory=tmp_path)
 
@@ -233,11 +239,11 @@ def test_cli_up_status_down_json(tmp_path):
     assert down.returncode == 0 and stopped["exit"] == 0, down.stdout + down.stderr
     assert stopped["stopped"] == ["router", "decode", "prefill"]
     assert not any(processes.alive(pid) for pid in data["pids"].values())
-    bad = subprocess.run([*forensics, "twin", "up", "--sglang", "0.5.1", "--backend", "mooncake", "--dir",
-                          str(tmp_path / "bad"), "--json"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run([*forensics, "twin", "up", "--sglang", "0.5.14", "--backend", "mooncake", "--patched",
+                          "--dir", str(tmp_path / "bad"), "--json"], capture_output=True, text=True, timeout=60)
     # The exit contract: 4 (environment), one line on stderr, and with --json one document on stdout.
     assert bad.returncode == 4, bad.stderr
-    refusal = "0.5.1 --backend mooncake: the release's MooncakeTransferEngine is the older"
+    refusal = "--patched applies the NIXL fix to nixl/conn.py, which a Mooncake twin does not run"
     assert len(bad.stderr.splitlines()) == 1 and refusal in bad.stderr
     error = json.loads(bad.stdout)
     assert (error["status"], error["exit"], error["kind"]) == ("error", 4, "TwinError")

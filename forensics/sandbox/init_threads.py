@@ -82,16 +82,28 @@ def decode_thread_start(cls: type):
     return init_statements(cls, "DECODE", select)
 
 
+# Statements of Mooncake's prefill branch that the sandbox does itself, and why:
+MOONCAKE_PREFILL_SKIPPED = {
+    "start_prefill_thread": "the loop starts the bootstrap thread itself",
+    # Up to 0.5.2 the branch registers with the bootstrap server (host from the stubbed get_ip);
+    # the twin registers with the release's own method once its server is up, the sandbox has none.
+    "register_to_bootstrap": "registration is the twin's (BootstrapServer.register)",
+    # Up to 0.5.2: get_pp_group() is torch.distributed (stubbed); the sandbox set a SingleRankGroup.
+    "self.pp_group =": "the pipeline group is the sandbox's SingleRankGroup",
+}
+
+
 def mooncake_prefill_start(cls: type):
-    """Mooncake's prefill branch without its ``self.start_prefill_thread()`` (the loop starts that
-    itself): the session bookkeeping, the transfer queues, one ``ThreadPoolExecutor`` per queue,
-    ``check_mooncake_custom_mem_pool_enabled``, the ``transfer_worker`` threads and (where the
-    release has it and its setting is on) the failed-session probe. Every statement is the
-    release's; the engine it uses is whatever the manager's ``engine`` is."""
+    """Mooncake's prefill branch without the statements in :data:`MOONCAKE_PREFILL_SKIPPED` (the
+    loop starts the bootstrap thread itself): the session bookkeeping, the transfer queues, one
+    ``ThreadPoolExecutor`` per queue, ``check_mooncake_custom_mem_pool_enabled``, the
+    ``transfer_worker`` threads and (where the release has it and its setting is on) the
+    failed-session probe. Every statement is the release's; the engine it uses is whatever the
+    manager's ``engine`` is."""
 
     def select(texts: list[str]) -> list[int]:
         if not any("self.transfer_worker" in text for text in texts):
             raise SandboxError(f"{cls.__name__}.__init__: no prefill statements starting transfer_worker threads")
-        return [i for i, text in enumerate(texts) if "start_prefill_thread" not in text]
+        return [i for i, text in enumerate(texts) if not any(skip in text for skip in MOONCAKE_PREFILL_SKIPPED)]
 
     return init_statements(cls, "PREFILL", select)

@@ -144,6 +144,20 @@ def common_manager_state(mgr, mode, *, socket, port: int, host: str, agent, kv_a
     kv_args.kv_data_mem_kinds = ["VRAM"] * len(kv_args.kv_data_ptrs)
 
 
+class SingleRankGroup:
+    """What ``get_pp_group()`` (torch.distributed, stubbed) answers for a pipeline of one rank:
+    ``CommonKVManager.__init__`` stores it as ``pp_group`` up to 0.5.9, and Mooncake's
+    ``transfer_worker`` of those releases sends the aux data only ``if self.pp_group.is_last_rank``."""
+
+    world_size = 1
+    rank_in_group = 0
+    is_first_rank = True
+    is_last_rank = True
+
+    def __repr__(self) -> str:
+        return "SingleRankGroup()"
+
+
 class MooncakeSessionStandIn:
     """Stands in for the Mooncake transfer engine (RDMA; cannot run here): only its session id.
 
@@ -183,6 +197,15 @@ def mooncake_state(mgr, host: str, port: int, engine=None) -> None:
     }
     for name, value in values.items():
         setattr(mgr, name, value)
+    # Up to 0.5.9 mooncake/conn.py formats the decode's PUSH endpoint (format_tcp_address) and reads
+    # its queue sizes (get_int_env_var) with helpers of the stubbed sglang.srt.utils: the
+    # release's own definitions take the stubs' place, so a status PUSH reaches a real address.
+    from forensics.sandbox.release_utils import serve_release_helpers
+    from forensics.sandbox.shim import loaded_release
+
+    release = loaded_release()
+    if release is not None:
+        serve_release_helpers(vars(sys.modules[type(mgr).__module__]), release.root)
 
 
 def set_initial_values(obj) -> None:

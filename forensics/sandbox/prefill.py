@@ -23,7 +23,13 @@ from forensics.sandbox.errors import SandboxError
 from forensics.sandbox.host_memory import HostKV, make_agent
 from forensics.sandbox.init_defaults import missing_attribute_gap
 from forensics.sandbox.init_threads import transfer_worker_start
-from forensics.sandbox.managers import common_manager_state, manager_class, mooncake_state, set_initial_values
+from forensics.sandbox.managers import (
+    SingleRankGroup,
+    common_manager_state,
+    manager_class,
+    mooncake_state,
+    set_initial_values,
+)
 from forensics.sandbox.observe import LogCapture, ThreadWatch
 from forensics.sandbox.shim import LoadedRelease
 
@@ -152,7 +158,12 @@ class PrefillLoop:
         if hasattr(self.manager, "_bind_server_socket"):
             # Up to 0.5.8 the thread binds the socket itself, formatting the address with
             # sglang.srt.utils.format_tcp_address (stubbed); the socket is already bound here.
-            self.manager._bind_server_socket = lambda: None
+            # Mooncake's start_prefill_thread draws the port first (self.rank_port = get_free_port(),
+            # the release's own helper up to 0.5.2): the rank's port is the one bound here instead.
+            def bound_by_the_sandbox() -> None:
+                self.manager.rank_port = self.port
+
+            self.manager._bind_server_socket = bound_by_the_sandbox
             self.overrides["_bind_server_socket"] = (
                 "socket bound by the sandbox (the release formats its address with a stubbed sglang.srt.utils helper)"
             )
@@ -174,7 +185,7 @@ class PrefillLoop:
             "transfer_infos": {},
             "req_to_decode_prefix_len": {},
             "decode_kv_args_table": {},
-            "pp_group": None,
+            "pp_group": SingleRankGroup(),  # the pipeline of one rank get_pp_group() gives (up to 0.5.9)
             "transfer_queues": [],
             "exceptions": {},
             "_peer_reload_lock": threading.Lock(),

@@ -145,6 +145,13 @@ class MooncakeReleaseDecode(ReleaseDecode):
         for key, value in state.items():
             setattr(mgr, key, value)
         self.manager = mgr
+        if hasattr(mgr, "_bind_server_socket"):
+            # Up to 0.5.5.post1 start_decode_thread binds the PULL socket itself (up to 0.5.2 on a port it
+            # draws with get_free_port just before); the twin's socket is bound already, on rank_port.
+            def bound_by_the_twin() -> None:
+                mgr.rank_port = rank_port
+
+            mgr._bind_server_socket = bound_by_the_twin
         mgr.register_buffer_to_engine()  # the release's own batch_register of the pool and aux pool
         self._sockets: dict[str, tuple[zmq.Socket, threading.Lock]] = {}
         self._monitors: dict[str, zmq.Socket] = {}
@@ -176,36 +183,34 @@ def check_mooncake_served(source) -> None:
     """Refuse (exit 4, naming why) a Mooncake twin that could not serve, decided up front from
     this machine and the release's code, never by a request that hangs:
 
-    * the transfer engine does not import here (package or Debian libraries missing);
-    * the release has no ``MooncakeTransferEngine`` wrapper (before 0.5.9), or its session id
-      comes from ``sglang.srt.utils`` helpers that the sandbox stubs (before 0.5.10: the id would
-      read ``<sandbox stub ...>:port`` and no transfer could find the decode);
-    * its ``MooncakeKVReceiver`` has no ``send_metadata`` (before 0.5.10 the transfer info goes
-      out from ``init(kv_indices, aux_index)``; the twin's decode drives the later API).
+    * the release has no ``MooncakeTransferEngine`` wrapper (every 0.5.x release has one:
+      ``disaggregation/mooncake/transfer_engine.py`` up to 0.5.8.post1, ``distributed/
+      device_communicators/mooncake_transfer_engine.py`` from 0.5.9; a tree without either,
+      e.g. a trimmed checkout, is refused);
+    * the transfer engine does not import here (package or Debian libraries missing).
 
-    Served and run end to end here (KV intact): 0.5.10 to 0.5.23.
+    What changed across releases and how the twin meets it, so nothing else needs refusing:
+
+    * up to 0.5.9 the wrapper builds its session id, and ``mooncake/conn.py`` the decode's
+      status endpoint, with ``sglang.srt.utils`` helpers the sandbox stubs; the release's own
+      definitions of those standard-library helpers take the stubs' place
+      (:mod:`forensics.sandbox.release_utils`);
+    * up to 0.5.9 ``MooncakeKVReceiver`` has no ``send_metadata``: its ``__init__`` asks the
+      prefill's bootstrap server (the release's own, as for NIXL) and ``init(kv_indices,
+      aux_index)`` sends the transfer info, which the twin's decode drives as it does NIXL's
+      (:attr:`ReleaseDecode.bootstraps_in_receiver_init`);
+    * TCP: ``MC_FORCE_TCP=1`` up to 0.5.12.post1 ("rdma" hard-coded), ``MOONCAKE_PROTOCOL=tcp``
+      from 0.5.13 (:func:`forensics.sandbox.mooncake_engine.transport_choice`).
+
+    Served and run end to end here (KV intact): 0.5.1 to 0.5.23.
     """
     from forensics.sandbox.mooncake_engine import engine_import_problem, wrapper_problem
     from forensics.twin.api import TwinError
 
-    served = "the Mooncake twin serves 0.5.10 to 0.5.23"
     problem = wrapper_problem(source.root)
     if problem:
-        raise TwinError(f"sglang {source.version} --backend mooncake: {problem}; {served}")
-    verified = getattr(source, "verified_read_text", None)  # the cache checks what is read
-
-    def defines_send_metadata(relative: str) -> bool:
-        path = source.root / "sglang/srt/disaggregation" / relative
-        if not path.is_file():
-            return False
-        text = verified(path) if verified else path.read_text(encoding="utf-8", errors="replace")
-        return "def send_metadata" in text
-
-    # MooncakeKVReceiver defines it (0.5.10 to 0.5.22) or inherits CommonKVReceiver's (0.5.23).
-    if not (defines_send_metadata("mooncake/conn.py") or defines_send_metadata("common/conn.py")):
-        raise TwinError(f"sglang {source.version} --backend mooncake: the release's MooncakeKVReceiver has no "
-                        "send_metadata (its init sends the transfer info), which the twin's decode does not drive "
-                        f"yet; {served}")
+        raise TwinError(f"sglang {source.version} --backend mooncake: {problem}; the Mooncake twin runs the "
+                        "release's own wrapper")
     # Last: what the release's code rules out holds on any machine; the engine is this machine's.
     problem = engine_import_problem()
     if problem:
