@@ -21,8 +21,10 @@ from forensics.twin.completion_signals import (
     completion_path,
     decode_completes_on,
     failure_fate,
+    failure_report,
     missing_completion,
     prefill_sends,
+    shared_signals,
 )
 
 DISAGGREGATION = "sglang/srt/disaggregation"
@@ -93,6 +95,10 @@ def test_a_pair_without_a_shared_completion_signal_is_named_with_both_sides_line
     # Same-release pairs and pairs on one side of the change serve.
     for prefill, decode in (("0.5.22", "0.5.22"), ("0.5.23", "0.5.23"), ("0.5.19", "0.5.20"), ("0.5.15", "0.5.16")):
         assert missing_completion(fetch(prefill), fetch(decode)) == "", (prefill, decode)
+    # What the pair check replays: the status message where it is the only shared signal.
+    assert shared_signals(fetch("0.5.23"), fetch("0.5.20")) == ["KV_STATUS"]
+    assert shared_signals(fetch("0.5.22"), fetch("0.5.22")) == [AUX_NOTIFICATION]
+    assert shared_signals(old_prefill, new_decode) == []
 
 
 @pytest.mark.timeout(120)
@@ -107,10 +113,12 @@ def test_the_decision_follows_the_code_not_the_version(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_the_failure_report_is_recorded_with_what_the_decode_does_with_it():
-    taken = failure_fate(fetch("0.5.22"), fetch("0.5.23"))
+    taken, replayable = failure_report(fetch("0.5.22"), fetch("0.5.23"))
+    assert replayable and taken == failure_fate(fetch("0.5.22"), fetch("0.5.23"))
     assert re.fullmatch(r"the 0\.5\.22 prefill's KV_STATUS on a failed transfer \(nixl/conn\.py:\d+\) is taken by "
                         r"the 0\.5\.23 decode's listener \(nixl/conn\.py:\d+\)", taken), taken
-    unread = failure_fate(fetch("0.5.20"), fetch("0.5.18"))
+    unread, replayable = failure_report(fetch("0.5.20"), fetch("0.5.18"))
+    assert not replayable
     assert "is unread (its NixlKVManager starts no listener" in unread and "waiting timeout" in unread
     assert "starts the decode listener only when self.enable_staging" in failure_fate(fetch("0.5.23"), fetch("0.5.19"))
     assert failure_fate(fetch("0.5.19"), fetch("0.5.20")).startswith(

@@ -163,3 +163,46 @@ def test_a_new_prefill_behind_a_decode_with_a_listener_completes_over_kv_status(
         assert twin_state(twin.decode)["listener_received"].get("KV_STATUS", 0) >= 1
     finally:
         twin.down()
+
+
+def _release_with_one_file_edited(version: str, root, relative: str, old: str, new: str):
+    """``version``'s tree with one disaggregation file edited (every other entry a symlink into the
+    cache): a fork or a future release, for both the source reading and the engine sandbox."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from forensics.sglang_source import fetch
+
+    source = fetch(version)
+    original = Path(source.root)
+    edited = Path("sglang/srt/disaggregation") / relative
+    for depth in range(len(edited.parts)):  # mirror each directory on the way down, link its other entries
+        here = Path(*edited.parts[:depth])
+        (root / here).mkdir(parents=True, exist_ok=True)
+        for entry in (original / here).iterdir():
+            if entry.name != edited.parts[depth]:
+                (root / here / entry.name).symlink_to(entry)
+    text = source.verified_read_text(original / edited)
+    assert old in text
+    (root / edited).write_text(text.replace(old, new))
+    return SimpleNamespace(root=str(root), version=f"{version}+fork",
+                           verified_read_text=lambda path: Path(path).read_text())
+
+
+@pytest.mark.timeout(180)
+def test_a_status_message_the_decode_s_listener_does_not_act_on_is_refused_after_the_replay(tmp_path):
+    from forensics.sglang_source import fetch
+
+    # Read from the code, this fork of 0.5.23 ends each transfer with KV_STATUS like 0.5.23; but its
+    # status field is renumbered, which only the replay shows: the 0.5.22 decode's own listener takes
+    # the fork's own bytes and leaves the room waiting.
+    fork = _release_with_one_file_edited("0.5.23", tmp_path / "fork", "common/conn.py",
+                                         'str(int(status)).encode("ascii"),', 'str(int(status) + 10).encode("ascii"),')
+    check = check_pair(fork, fetch("0.5.22"))
+    assert not check.servable
+    assert check.refused.startswith("the 0.5.22 decode's listener does not complete a transfer on the 0.5.23+fork "
+                                    "prefill's status message: replayed in the engine sandbox, the decode's room "
+                                    "stays WaitingForInput")
+    # The unedited release passes the same replay.
+    assert check_pair(fetch("0.5.23"), fetch("0.5.22")).prefill_to_decode["completion"].endswith(
+        "replayed in the engine sandbox: the decode's room went Success")

@@ -13,10 +13,11 @@ the other or both:
 
 A pair whose decode completes only on a signal its prefill never sends cannot serve: every
 request waits in ``KVPoll.WaitingForInput`` until the decode's waiting timeout (the "silent hang"
-the twin must refuse up front). Everything is read from each release's own files (``ast`` on the
-cached, checksummed sources, as :mod:`forensics.twin.release_check`), never from a version list:
-running the release's transfer worker needs a NIXL transfer between two engines, which is what the
-twin itself does once started, so the check before starting reads the code that decides it.
+the twin must refuse up front). Everything here is read from each release's own files (``ast`` on
+the cached, checksummed sources, as :mod:`forensics.twin.release_check`), never from a version
+list: whether the transfer worker sends a signal is control flow, and running the worker needs a
+NIXL transfer between two engines, which is what the twin itself does once started. The bytes of
+the status message are replayed in the engine sandbox by :func:`forensics.twin.pair.check_pair`.
 
 Only the default (``early``) decode allocation policy is considered, the one the twin runs: with
 ``prefill_complete`` the common sender's ``clear`` also sends ``KV_STATUS`` (``common/conn.py``),
@@ -177,6 +178,11 @@ def failure_fate(prefill_source, decode_source) -> str:
     """What the decode does with the status message the prefill sends when a transfer FAILS
     (``conclude_failure``, 0.5.20+): a decode that does not read it learns of the failure only at
     its waiting timeout. Recorded, not refused: requests still serve while transfers succeed."""
+    return failure_report(prefill_source, decode_source)[0]
+
+
+def failure_report(prefill_source, decode_source) -> tuple[str, bool]:
+    """:func:`failure_fate`'s text, and whether the decode's listener takes the prefill's failure status."""
     prefill, decode = ReleaseFiles(prefill_source), ReleaseFiles(decode_source)
     # conclude_failure, or a status push whose arguments are not KVPoll.Success.
     senders = [node for node in ast.walk(prefill.tree(NIXL)) if isinstance(node, ast.Call) and (
@@ -184,17 +190,18 @@ def failure_fate(prefill_source, decode_source) -> str:
             _is_kvpoll_success(value) for value in [*node.args, *(k.value for k in node.keywords)]))]
     if not senders:
         return (f"the {prefill_source.version} prefill sends no status message on a failed transfer: the decode "
-                "learns of it at its waiting timeout")
+                "learns of it at its waiting timeout"), False
     name = _status_name(prefill)
     sent = f"the {prefill_source.version} prefill's {name} on a failed transfer ({NIXL}:{senders[0].lineno})"
     listener, not_running = _listener(decode)
     if not_running:
-        return f"{sent} is unread ({not_running}): the {decode_source.version} decode learns of it at its waiting timeout"
+        return (f"{sent} is unread ({not_running}): the {decode_source.version} decode learns of it at its "
+                "waiting timeout"), False
     parses = _calls(listener, "parse_kv_status_message")
     if parses and _status_name(decode) == name:
-        return f"{sent} is taken by the {decode_source.version} decode's listener ({NIXL}:{parses[0].lineno})"
+        return f"{sent} is taken by the {decode_source.version} decode's listener ({NIXL}:{parses[0].lineno})", True
     return (f"{sent} is dropped by the {decode_source.version} decode's listener ({NIXL}:{listener.lineno}, "
-            "'unexpected message tag'): the decode learns of it at its waiting timeout")
+            "'unexpected message tag'): the decode learns of it at its waiting timeout"), False
 
 
 def missing_completion(prefill_source, decode_source) -> str:
@@ -213,10 +220,15 @@ def missing_completion(prefill_source, decode_source) -> str:
             f"request would wait in KVPoll.WaitingForInput until the decode's waiting timeout")
 
 
+def shared_signals(prefill_source, decode_source) -> list[str]:
+    """The completion signals the prefill sends and the decode completes on, by name."""
+    sent = prefill_sends(prefill_source)
+    return [name for name in decode_completes_on(decode_source) if name in sent]
+
+
 def completion_path(prefill_source, decode_source) -> str:
     """The signal this pair's transfers complete on, for the record ("" when there is none)."""
     sent = prefill_sends(prefill_source)
     awaited = decode_completes_on(decode_source)
-    shared = [name for name in awaited if name in sent]
     return "; ".join(f"{name}: sent at prefill {sent[name].where}, taken at decode {awaited[name].where}"
-                     for name in shared)
+                     for name in shared_signals(prefill_source, decode_source))
