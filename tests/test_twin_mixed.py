@@ -4,11 +4,17 @@
 first decides the fate: a 0.5.15 prefill behind a 0.5.16 decode (which sends ABORT) wedges on
 the first abort; a 0.5.16 prefill behind a 0.5.15 decode (which sends ABORT too) survives it.
 A pair whose serving frames do not fit is refused before anything starts, naming the frame.
+
+The other direction: 0.5.23's decode completes a transfer only on the prefill's KV_STATUS, which a
+0.5.22 prefill never sends (it tags its last NIXL WRITE instead), so that pair is refused up front
+rather than started to time out every request; a 0.5.23 prefill behind a 0.5.22 decode serves, its
+KV_STATUS read by the 0.5.22 decode's listener.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -112,9 +118,91 @@ def test_the_pair_check_replays_each_release_s_own_frames():
     same = check_pair(fetch("0.5.16"), fetch("0.5.16"))
     assert same.servable and same.frames == {"KV-args registration": "taken", "transfer info": "taken",
                                              "ABORT": "taken"}
+    assert same.prefill_to_decode["completion"].startswith("NIXL notification {room}_aux: sent at prefill")
+    assert "transfers complete on NIXL notification {room}_aux" in same.summary()
     old_prefill = check_pair(fetch("0.5.15"), fetch("0.5.16"))
     assert old_prefill.servable and "Foreign traffic?" in old_prefill.frames["ABORT"]
     # A decode from before 0.5.13 sends no ABORT: nothing to die on, and the check says so.
     quiet_decode = check_pair(fetch("0.5.15"), fetch("0.5.12"))
     assert quiet_decode.servable and "ABORT" not in quiet_decode.frames
     assert quiet_decode.abort_fate.startswith("no ABORT to survive")
+
+
+@pytest.mark.timeout(240)
+def test_a_decode_waiting_for_kv_status_behind_a_prefill_that_never_sends_it_is_refused(tmp_path):
+    from forensics.sglang_source import fetch
+
+    # Every decode frame fits the 0.5.22 prefill's loop; what breaks is the way back: started, every
+    # request timed out after the waiting timeout in KVPoll.WaitingForInput.
+    check = check_pair(fetch("0.5.22"), fetch("0.5.23"))
+    assert not check.servable
+    assert check.frames == {"KV-args registration": "taken", "transfer info": "taken"}
+    assert re.search(r"^the 0\.5\.23 decode completes a transfer only on the prefill's KV_STATUS \(nixl/conn\.py:\d+",
+                     check.refused) and "which sglang 0.5.22's prefill never sends" in check.refused
+    assert check.prefill_to_decode["completion"] == f"none: {check.refused}"
+    assert check.to_dict()["prefill_to_decode"] == check.prefill_to_decode
+    done = subprocess.run([sys.executable, "-m", "forensics", "twin", "up", "--sglang", "0.5.22", "--decode-sglang",
+                           "0.5.23", "--dir", str(tmp_path / "cli"), "--json"], capture_output=True, text=True,
+                          timeout=220)
+    document = json.loads(done.stdout)
+    assert done.returncode == 4 and document["exit"] == 4, done.stderr
+    assert "prefill 0.5.22 / decode 0.5.23 cannot serve" in document["error"] and "KV_STATUS" in document["error"]
+    assert not list((tmp_path / "cli").glob("*.pid"))
+
+
+@pytest.mark.timeout(300)
+def test_a_new_prefill_behind_a_decode_with_a_listener_completes_over_kv_status(tmp_path):
+    # 0.5.23's prefill tags no NIXL WRITE; the 0.5.22 decode's listener takes its KV_STATUS.
+    twin = twin_api.up("0.5.23", decode_sglang="0.5.22", directory=tmp_path, **TEST_SETTINGS)
+    try:
+        assert twin.pair["servable"] and twin.pair["prefill_to_decode"]["completion"].startswith(
+            "KV_STATUS: sent at prefill nixl/conn.py:")
+        written = json.loads((tmp_path / "pair-check.json").read_text())
+        assert written["prefill_to_decode"] == twin.pair["prefill_to_decode"]
+        assert _completes(twin, 60)
+        assert twin_state(twin.decode)["listener_received"].get("KV_STATUS", 0) >= 1
+    finally:
+        twin.down()
+
+
+def _release_with_one_file_edited(version: str, root, relative: str, old: str, new: str):
+    """``version``'s tree with one disaggregation file edited (every other entry a symlink into the
+    cache): a fork or a future release, for both the source reading and the engine sandbox."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from forensics.sglang_source import fetch
+
+    source = fetch(version)
+    original = Path(source.root)
+    edited = Path("sglang/srt/disaggregation") / relative
+    for depth in range(len(edited.parts)):  # mirror each directory on the way down, link its other entries
+        here = Path(*edited.parts[:depth])
+        (root / here).mkdir(parents=True, exist_ok=True)
+        for entry in (original / here).iterdir():
+            if entry.name != edited.parts[depth]:
+                (root / here / entry.name).symlink_to(entry)
+    text = source.verified_read_text(original / edited)
+    assert old in text
+    (root / edited).write_text(text.replace(old, new))
+    return SimpleNamespace(root=str(root), version=f"{version}+fork",
+                           verified_read_text=lambda path: Path(path).read_text())
+
+
+@pytest.mark.timeout(180)
+def test_a_status_message_the_decode_s_listener_does_not_act_on_is_refused_after_the_replay(tmp_path):
+    from forensics.sglang_source import fetch
+
+    # Read from the code, this fork of 0.5.23 ends each transfer with KV_STATUS like 0.5.23; but its
+    # status field is renumbered, which only the replay shows: the 0.5.22 decode's own listener takes
+    # the fork's own bytes and leaves the room waiting.
+    fork = _release_with_one_file_edited("0.5.23", tmp_path / "fork", "common/conn.py",
+                                         'str(int(status)).encode("ascii"),', 'str(int(status) + 10).encode("ascii"),')
+    check = check_pair(fork, fetch("0.5.22"))
+    assert not check.servable
+    assert check.refused.startswith("the 0.5.22 decode's listener does not complete a transfer on the 0.5.23+fork "
+                                    "prefill's status message: replayed in the engine sandbox, the decode's room "
+                                    "stays WaitingForInput")
+    # The unedited release passes the same replay.
+    assert check_pair(fetch("0.5.23"), fetch("0.5.22")).prefill_to_decode["completion"].endswith(
+        "replayed in the engine sandbox: the decode's room went Success")

@@ -88,6 +88,17 @@ class Session:
             raise ValueError(f"unknown frame kind {kind!r}")
         return {"frames": _b64(frames)}
 
+    def op_conclude(self, room: int, succeeded: bool) -> dict:
+        self.loop.conclude(int(room), succeeded=succeeded)
+        return {"rooms": self.loop.room_states()}
+
+    def op_listen(self, rooms: list[int]) -> dict:
+        self.peer.listen(rooms)
+        return self.peer.request_states()
+
+    def op_decode_states(self) -> dict:
+        return self.peer.request_states()
+
     def op_decode_messages(self, wait: float = 0.0) -> dict:
         return {"messages": [_b64(m) for m in self.peer.received(wait)]}
 

@@ -217,6 +217,31 @@ class DecodePeer:
         return [b"ABORT", str(room).encode("ascii"), self.manager.local_ip.encode("ascii"),
                 str(self.port).encode("ascii")]
 
+    def listen(self, rooms) -> None:
+        """Start the release's own decode listener thread on this decode's rank socket (0.5.19+:
+        ``_start_decode_listener_thread``, which takes ``KV_STATUS`` and ``ABORT_ACK``), with
+        ``rooms`` waiting for input as after ``send_metadata``. From then on the listener, not
+        :meth:`received`, reads what the prefill sends back."""
+        start = getattr(self.manager, "_start_decode_listener_thread", None)
+        if start is None:
+            raise SandboxError(f"sglang {self.release.version}: the decode's KV manager has no "
+                               "_start_decode_listener_thread (nothing reads its rank socket)")
+        waiting = self.release.module("base.conn").KVPoll.WaitingForInput
+        for room in rooms:
+            room = int(room)
+            self.manager.update_status(room, waiting)
+            self.manager.required_prefill_response_num_table[room] = 1
+            self.manager.prefill_response_tracker[room] = set()
+        before = set(threading.enumerate())
+        start()
+        self.listener = next((t for t in threading.enumerate() if t not in before), None)
+
+    def request_states(self) -> dict:
+        """The decode's KVPoll ints per room, and whether its listener thread lives."""
+        listener = getattr(self, "listener", None)
+        return {"rooms": {int(room): int(state) for room, state in dict(self.manager.request_status).items()},
+                "listener_alive": bool(listener is not None and listener.is_alive())}
+
     def received(self, wait: float = 0.0) -> list[list[bytes]]:
         """Messages the prefill sent back to this decode's rank socket (ABORT_ACK, status, ...)."""
         messages = []
@@ -226,6 +251,11 @@ class DecodePeer:
         return messages
 
     def close(self) -> None:
+        if getattr(self, "listener", None) is not None:
+            # The release's listener blocks in recv on the inbox for good (a daemon thread): closing
+            # the socket under it, or term() waiting for it, could crash or hang. The sandbox child
+            # exits right after close, which ends both.
+            return
         for socket in (self._capture_out, self._capture_in, self.inbox):
             socket.close(linger=0)
         self.context.term()

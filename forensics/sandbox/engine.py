@@ -264,6 +264,25 @@ class EngineSandbox:
         reply = self._request("decode_messages", reply_within=wait + REQUEST_TIMEOUT_S, wait=wait)
         return [[base64.b64decode(f) for f in message] for message in reply["messages"]]
 
+    def conclude(self, room: int, *, succeeded: bool) -> dict[int, int]:
+        """End ``room``'s transfer as the prefill release's transfer worker does (0.5.20+): its
+        ``conclude_transfer(Success)`` or ``conclude_failure`` pushes its status message to the
+        decode endpoint in the room's transfer info. Returns the prefill's room states."""
+        reply = self._request("conclude", room=int(room), succeeded=bool(succeeded))
+        return {int(k): v for k, v in reply["rooms"].items()}
+
+    def listen_as_decode(self, rooms) -> dict:
+        """Start the release's decode listener thread on this sandbox's decode rank socket (the
+        endpoint its transfer-info frames name), ``rooms`` waiting for input. Returns
+        :meth:`decode_states`."""
+        reply = self._request("listen", rooms=[int(r) for r in rooms])
+        return {"rooms": {int(k): v for k, v in reply["rooms"].items()}, "listener_alive": reply["listener_alive"]}
+
+    def decode_states(self) -> dict:
+        """The decode side's KVPoll ints per room (``rooms``) and ``listener_alive``."""
+        reply = self._request("decode_states")
+        return {"rooms": {int(k): v for k, v in reply["rooms"].items()}, "listener_alive": reply["listener_alive"]}
+
     def state(self) -> dict:
         if self.final_state is not None:
             return self.final_state

@@ -299,6 +299,19 @@ class PrefillLoop:
     def room_states(self) -> dict[int, int]:
         return {int(room): int(state) for room, state in dict(self.manager.request_status).items()}
 
+    def conclude(self, room: int, *, succeeded: bool) -> None:
+        """End ``room``'s transfer with the calls the release's transfer worker makes (0.5.20+):
+        ``conclude_transfer(status=KVPoll.Success)`` or ``conclude_failure``, which push the
+        release's status message to the decode endpoint the room's transfer info named."""
+        method = "conclude_transfer" if succeeded else "conclude_failure"
+        if not hasattr(self.manager, method):
+            raise SandboxError(f"sglang {self.release.version}: the prefill's KV manager has no {method} "
+                               "(this release sends the decode no status message)")
+        if succeeded:
+            self.manager.conclude_transfer(bootstrap_room=int(room), status=self.KVPoll.Success)
+        else:
+            self.manager.conclude_failure(bootstrap_room=int(room), failure_reason="sandbox: transfer failed")
+
     # ------------------------------------------------------------------ observation
 
     @property

@@ -32,7 +32,9 @@ from forensics.twin import processes
 from forensics.twin.settings import DEFAULT_WAITING_TIMEOUT_S, TwinSettings
 
 INVENTORY_NAME = "inventory.toml"
-PAIR_CHECK_NAME = "pair-check.json"  # a mixed-version twin: what the prefill's loop did with each decode frame
+# A mixed-version twin: what the prefill's loop did with each decode frame, and how a transfer's end
+# reaches the decode (forensics.twin.pair).
+PAIR_CHECK_NAME = "pair-check.json"
 SUPPORTED_BACKENDS = ("nixl", "mooncake")
 PORT_NAMES = ("router", "prefill", "bootstrap", "decode")
 
@@ -479,7 +481,9 @@ def up(
     anything starts, the engine sandbox replays the decode release's frames into the prefill
     release's loop (:func:`forensics.twin.pair.check_pair`): a frame every request needs that the
     loop cannot take is refused, naming the frame; a loop that dies on the decode's ABORT is the
-    pair's expected fate (``Deployment.pair``), not a refusal. ``patched`` patches the prefill.
+    pair's expected fate (``Deployment.pair``), not a refusal. In the other direction, a decode that
+    completes transfers only on a signal the prefill release never sends (0.5.23's ``KV_STATUS``
+    behind a 0.5.22 prefill) is refused, naming both source lines. ``patched`` patches the prefill.
 
     Example: ``twin = fx.twin.up("0.5.15", waiting_timeout=15); twin.status()``
     """

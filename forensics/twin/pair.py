@@ -1,8 +1,10 @@
-"""A mixed-version twin (a rolling upgrade): does the prefill's loop take what the decode sends?
+"""A mixed-version twin (a rolling upgrade): does each side take what the other sends?
 
-Decided before anything starts, in the engine sandbox: the decode release's own code builds
-its frames (``_register_kv_args``, ``send_metadata``, ``_send_abort_notification``) and the
-prefill release's own bootstrap loop takes them, as in the deployment being upgraded.
+Decided before anything starts, in both directions.
+
+Decode → prefill, in the engine sandbox: the decode release's own code builds its frames
+(``_register_kv_args``, ``send_metadata``, ``_send_abort_notification``) and the prefill
+release's own bootstrap loop takes them, as in the deployment being upgraded.
 
 * A frame every request needs (the KV-args registration, the transfer info) that kills the
   prefill's loop, or that it does not act on, makes the pair unservable: ``twin up`` refuses
@@ -11,28 +13,52 @@ prefill release's own bootstrap loop takes them, as in the deployment being upgr
   exactly what a twin of this pair is for (it wedges on the first abort), so it is recorded as
   the pair's expected fate, not refused.
 
-What the prefill sends back (NIXL notifications; KV status and ABORT_ACK in the releases that
-have a decode listener) is not replayed here: the engine sandbox runs prefill loops only. The
-twin's decode checks every request's KV pages, so a break in that direction shows as a failed
-request with its reason, never as a silent hang.
+Prefill → decode. Whether the prefill's transfer worker sends a signal at all is control flow,
+read from both releases' code (:mod:`forensics.twin.completion_signals`, ``ast`` on the cached
+sources: running the worker needs a NIXL transfer between two engines, which is the twin itself).
+What it sends is replayed in the engine sandbox where the pair uses the status message: the
+prefill release's own ``conclude_transfer(Success)`` / ``conclude_failure`` push its bytes to the
+decode sandbox's rank socket, where the decode release's own listener thread must make the room
+Success / Failed.
+
+* how a transfer's end reaches the decode: the NIXL notification ``{room}_aux`` (drained by the
+  decode receiver's ``poll``, up to 0.5.22) or the prefill's ``KV_STATUS`` (read by the decode
+  listener thread, 0.5.20+; the only signal a 0.5.23 prefill sends and a 0.5.23 decode takes).
+  A decode that completes only on a signal the prefill never sends is refused, naming both
+  sides' source lines: a 0.5.22 prefill behind a 0.5.23 decode (every request would time out in
+  ``KVPoll.WaitingForInput``), a 0.5.23 prefill behind a 0.5.19 or older decode. A pair that
+  completes on the status message alone (a 0.5.23 prefill behind a 0.5.20 to 0.5.23 decode) is
+  refused too when the replayed message leaves the decode's room waiting;
+* what the decode does with the prefill's status message on a FAILED transfer: taken by its
+  listener, or unread (no listener before 0.5.20 by default), in which case a failure is learned
+  only at the decode's waiting timeout (replayed where the decode's listener takes it). Recorded,
+  not refused: requests serve while transfers succeed.
+
+Not checked: ``ABORT_ACK`` (the decode's deferred KV release waits for it up to its hold timeout)
+and the staging frames (``STAGING_REQ``, ``CHUNK_READY``), which the twin does not enable.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 # The frames of a request's normal path, in the order a decode sends them.
 SERVING_FRAMES = ("KV-args registration", "transfer info")
-SERVING_ROOM, ABORTED_ROOM = 1, 2
+SERVING_ROOM, ABORTED_ROOM, FAILED_ROOM = 1, 2, 3
+STATUS_REPLY_WAIT_S = 15.0  # how long the decode's listener gets to apply a status message (a loaded machine)
 
 
 @dataclass
 class PairCheck:
-    """What the prefill release's loop did with each frame the decode release sends."""
+    """What each release does with what the other sends: ``frames`` (decode → prefill, what the
+    prefill's loop did with each) and ``prefill_to_decode`` (how a transfer's end reaches the decode,
+    and its failure report)."""
 
     prefill: str
     decode: str
     frames: dict[str, str] = field(default_factory=dict)  # frame -> what the loop did
+    prefill_to_decode: dict[str, str] = field(default_factory=dict)  # "completion", "transfer failure"
     refused: str = ""  # why the pair cannot serve, naming the frame ("" when it can)
     abort_fate: str = ""  # "wedges on the first abort", "survives an abort", or why there is no ABORT
 
@@ -44,11 +70,14 @@ class PairCheck:
         pair = f"prefill {self.prefill} / decode {self.decode}"
         if self.refused:
             return f"{pair}: cannot serve: {self.refused}"
-        return f"{pair}: the prefill's loop takes every frame a request needs; {self.abort_fate}"
+        completion = self.prefill_to_decode.get("completion", "")
+        return (f"{pair}: the prefill's loop takes every frame a request needs; transfers complete on "
+                f"{completion}; {self.abort_fate}")
 
     def to_dict(self) -> dict:
         return {"prefill": self.prefill, "decode": self.decode, "frames": dict(self.frames),
-                "servable": self.servable, "refused": self.refused, "abort_fate": self.abort_fate}
+                "prefill_to_decode": dict(self.prefill_to_decode), "servable": self.servable,
+                "refused": self.refused, "abort_fate": self.abort_fate}
 
 
 def _died_of(prefill) -> str:
@@ -56,8 +85,47 @@ def _died_of(prefill) -> str:
     return errors[0]["message"] if errors else "no exception recorded"
 
 
+def _decode_room_after(decode, room: int) -> str:
+    """The decode's state for ``room`` once its listener made it terminal (Success or Failed), or the
+    state it stayed in for :data:`STATUS_REPLY_WAIT_S`."""
+    from forensics.sandbox.snapshot import KVPOLL_NAMES
+
+    deadline = time.monotonic() + STATUS_REPLY_WAIT_S
+    while True:
+        state = KVPOLL_NAMES.get(decode.decode_states()["rooms"].get(room), "no room")
+        if state in ("Success", "Failed") or time.monotonic() > deadline:
+            return state
+        time.sleep(0.05)
+
+
+def _replay_status_messages(prefill, decode, check: PairCheck, *, success: bool, failure: bool) -> None:
+    """The prefill release's own ``conclude_transfer(Success)`` / ``conclude_failure`` push its status
+    message to the decode endpoint the room's transfer info named: the decode sandbox's rank
+    socket, read there by the decode release's own listener thread. Whether the prefill's transfer
+    worker makes the call at all is read from its code (``completion_signals``); this replay shows
+    that the decode takes the bytes it would send."""
+    prefill.send(decode.frames.transfer_info(room=FAILED_ROOM))
+    prefill.settle()
+    decode.listen_as_decode([SERVING_ROOM, FAILED_ROOM])
+    if success:
+        prefill.conclude(SERVING_ROOM, succeeded=True)
+        state = _decode_room_after(decode, SERVING_ROOM)
+        if state != "Success":
+            check.refused = (f"the {check.decode} decode's listener does not complete a transfer on the "
+                             f"{check.prefill} prefill's status message: replayed in the engine sandbox, the "
+                             f"decode's room stays {state} (every request would time out in KVPoll.WaitingForInput)")
+            return
+        check.prefill_to_decode["completion"] += "; replayed in the engine sandbox: the decode's room went Success"
+    if failure:
+        prefill.conclude(FAILED_ROOM, succeeded=False)
+        state = _decode_room_after(decode, FAILED_ROOM)
+        check.prefill_to_decode["transfer failure"] += (
+            f"; replayed in the engine sandbox: the decode's room went {state}")
+
+
 def check_pair(prefill_source, decode_source) -> PairCheck:
-    """Send the decode release's frames to the prefill release's NIXL bootstrap loop in the sandbox.
+    """Send the decode release's frames to the prefill release's NIXL bootstrap loop in the sandbox,
+    and read from both releases' code how a transfer's end reaches the decode.
 
     Raises :class:`~forensics.sandbox.errors.SandboxError` when a release cannot be run here
     (the caller cannot then say the pair is servable).
@@ -66,10 +134,26 @@ def check_pair(prefill_source, decode_source) -> PairCheck:
     """
     from forensics.sandbox import EngineSandbox
     from forensics.sandbox.errors import SandboxError
+    from forensics.twin.completion_signals import (
+        AUX_NOTIFICATION,
+        completion_path,
+        failure_report,
+        missing_completion,
+        shared_signals,
+    )
 
+    # Prefill → decode first (read from the code, no sandbox): recorded even when the replay
+    # below refuses the pair on a decode frame, and refused after it otherwise.
+    no_completion = missing_completion(prefill_source, decode_source)
+    failure_text, failure_taken = failure_report(prefill_source, decode_source)
+    prefill_to_decode = {"completion": completion_path(prefill_source, decode_source) or f"none: {no_completion}",
+                         "transfer failure": failure_text}
+    # A pair whose transfers complete on the status message alone (a 0.5.23 prefill) has it replayed.
+    shared = shared_signals(prefill_source, decode_source)
+    completes_by_status = bool(shared) and AUX_NOTIFICATION not in shared
     with EngineSandbox(decode_source) as decode, EngineSandbox(prefill_source) as prefill:
-        check = PairCheck(prefill=prefill.version, decode=decode.version)
-        prefill.create_rooms([SERVING_ROOM, ABORTED_ROOM])
+        check = PairCheck(prefill=prefill.version, decode=decode.version, prefill_to_decode=prefill_to_decode)
+        prefill.create_rooms([SERVING_ROOM, ABORTED_ROOM, FAILED_ROOM])
         builders = {"KV-args registration": decode.frames.registration,
                     "transfer info": lambda: decode.frames.transfer_info(room=SERVING_ROOM)}
         for name in SERVING_FRAMES:
@@ -86,6 +170,13 @@ def check_pair(prefill_source, decode_source) -> PairCheck:
             check.refused = (f"the {check.prefill} prefill does not act on the {check.decode} decode's transfer info: "
                              f"room {SERVING_ROOM} stays {room_state} (a request would wait for KV that never comes)")
             return check
+        if no_completion:
+            check.refused = no_completion
+            return check
+        if completes_by_status or failure_taken:
+            _replay_status_messages(prefill, decode, check, success=completes_by_status, failure=failure_taken)
+            if check.refused:
+                return check
         try:
             abort = decode.frames.abort(room=ABORTED_ROOM)
         except SandboxError as exc:

@@ -47,7 +47,7 @@ def twin_kv_args_fields() -> set[str]:
     return set(vars(filled)) | {"kv_data_mem_kinds"}
 
 
-class _Release:
+class ReleaseFiles:
     """The parsed disaggregation files of one release (absent files read as empty)."""
 
     def __init__(self, source) -> None:
@@ -90,7 +90,7 @@ class _Release:
 def missing_for_twin(source) -> list[str]:
     """What the twin would need from ``source`` (an :class:`~forensics.sglang_source.Source`-like
     object with ``root`` and ``version``) and does not find; empty when the twin can serve it."""
-    release = _Release(source)
+    release = ReleaseFiles(source)
     missing: list[str] = []
     kv_args = release.class_def("base/conn.py", "KVArgs")
     if kv_args is None:
