@@ -50,6 +50,12 @@ def section(checks: list, wall_s: float) -> str:
     for c in checks:
         lines.append(f"| {c.release} | {c.backend} | {c.served or '-'} | {_mark(c.abort)} | {_mark(c.foreign)} | "
                      f"{c.seconds:.1f} |")
+    unserved = [c for c in checks if c.served and not c.served.startswith("completed")]
+    if unserved:
+        # Recorded, not required: the probes do not need a served request (see forensics.crosscheck).
+        lines += ["", "A request before the probes did not complete on " + ", ".join(
+            f"{c.release} {c.backend}" for c in unserved) + " (the README's twin section says why; the probes' "
+            "outcomes are decided all the same)."]
     if disagree or undecided:
         lines += ["", "Not agreeing (each is a bug to fix or a fact explained here):", ""]
         for c, name, p in disagree + undecided:
