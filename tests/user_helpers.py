@@ -30,7 +30,10 @@ def remove_user(name: str) -> None:
         return
     procs = [p for p in psutil.process_iter(["username"]) if p.info["username"] == name]
     for p in procs:  # only processes of our own test user
-        p.kill()
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:  # it left between the listing and the kill (an sshd session ending)
+            pass
     psutil.wait_procs(procs, timeout=30)
     subprocess.run(["userdel", "--remove", name], capture_output=True, timeout=60)
 

@@ -300,8 +300,11 @@ def fault(step: str) -> None:
         return
     if action == "block":
         print(f"twin fault: blocked at {step} (pid {os.getpid()})", file=sys.stderr, flush=True)
+        # Not signal.pause(): a signal that lands after the interpreter's last check and before the
+        # pause() call is handled at C level, and pause() then waits for another one. A short sleep
+        # in a loop sees a pending handler one tick later at the latest.
         while True:
-            signal.pause()
+            time.sleep(0.2)
     sig = getattr(signal, action or "SIGKILL", None)
     if not isinstance(sig, signal.Signals):
         raise ValueError(f"{FAULT_ENV}={spec!r}: action must be SIGKILL, SIGTERM, SIGINT or block")
