@@ -160,7 +160,10 @@ def test_a_new_prefill_behind_a_decode_with_a_listener_completes_over_kv_status(
         written = json.loads((tmp_path / "pair-check.json").read_text())
         assert written["prefill_to_decode"] == twin.pair["prefill_to_decode"]
         assert _completes(twin, 60)
-        assert twin_state(twin.decode)["listener_received"].get("KV_STATUS", 0) >= 1
+        decode = twin_state(twin.decode)
+        assert decode["listener_received"].get("KV_STATUS", 0) >= 1
+        # What the decode reports is the pair's signal, not its release's default (notifications).
+        assert decode["completion_signal"] == twin.pair["prefill_to_decode"]["completion"]
     finally:
         twin.down()
 

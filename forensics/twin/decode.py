@@ -36,6 +36,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import numpy as np
@@ -560,6 +561,21 @@ class DecodeServer(httpserver.EngineEndpoints):
                 "decode_transfer_queue_reqs": len(sched.transfer_queue), "decode_retracted_queue_reqs": 0,
                 "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0}
 
+    def _completion_signal(self) -> str:
+        """How this decode learns that a transfer ended. Behind another release's prefill, the
+        signal the pair shares, as the pair check found it (a 0.5.22 decode reads both NIXL
+        notifications and KV_STATUS; which one completes depends on the prefill)."""
+        from forensics.twin.api import PAIR_CHECK_NAME
+
+        pair_file = Path(self.settings.directory) / PAIR_CHECK_NAME
+        if self.settings.decode_sglang and pair_file.is_file():
+            completion = json.loads(pair_file.read_text(encoding="utf-8")).get("prefill_to_decode", {})
+            if completion.get("completion"):
+                return completion["completion"]
+        if self.rd.completes_by_kv_status:
+            return "KV_STATUS from the prefill, read by the release's decode listener"
+        return "NIXL notifications, read by the release's poll"
+
     def twin_state(self) -> dict:
         """The twin's own account (``internal_states[0]["twin"]`` of ``/server_info``)."""
         sched = self.scheduler
@@ -577,9 +593,7 @@ class DecodeServer(httpserver.EngineEndpoints):
             "heartbeat_failures": dict(getattr(self.rd.manager, "heartbeat_failures", {})),
             "known_prefills": sorted(self.rd.manager.prefill_info_table),
             "listener_received": dict(self.listened.tags),
-            "completion_signal": ("KV_STATUS from the prefill, read by the release's decode listener"
-                                  if self.rd.completes_by_kv_status else
-                                  "NIXL notifications, read by the release's poll"),
+            "completion_signal": self._completion_signal(),
             "deferred_kv_release": bool(getattr(self.rd.manager, "enable_deferred_decode_kv_release", False)),
             "held_for_drain": len(sched.deferred_releases),
             "uptime_s": round(time.time() - self.started, 3),
