@@ -389,8 +389,7 @@ class DeployRecord:
             parts.append(Text(f"{e.label}: {e.path} ({e.kind}: {e.reason})"))
             if self.status in ("planned", "refused"):
                 parts += [Text(f"  {i}. {a}") for i, a in enumerate(e.actions(), 1)]
-        if self.action == "deploy" or self.plan.decode_hazards:
-            parts += [Text(f"warning: {w}", style="yellow") for w in self.plan.warnings()]
+        parts += [Text(f"warning: {w}", style="yellow") for w in self.plan.warnings()]
         if self.steps:
             table = Table("engine", "step", "state", "seconds", "detail")
             for s in self.steps:
@@ -405,7 +404,8 @@ class DeployRecord:
     def _repr_html_(self) -> str:
         rows = "".join(f"<tr><td>{html.escape(s.engine)}</td><td>{html.escape(s.name)}</td><td>{s.state}</td>"
                        f"<td>{s.duration_s:.2f}</td><td>{html.escape(s.detail[:200])}</td></tr>" for s in self.steps)
-        return (f"<p><b>{html.escape(self.headline())}</b></p><table><tr><th>engine</th><th>step</th>"
+        warnings = "".join(f"<p style='color:#8a6d00'>warning: {html.escape(w)}</p>" for w in self.plan.warnings())
+        return (f"<p><b>{html.escape(self.headline())}</b></p>{warnings}<table><tr><th>engine</th><th>step</th>"
                 f"<th>state</th><th>s</th><th>detail</th></tr>{rows}</table>")
 
 

@@ -230,6 +230,7 @@ def test_the_plan_warns_of_the_0_5_15_decode_and_restart_decodes_restarts_it(twi
         [step] = [s for s in record.steps if s.name == "restart the decode"]
         assert step.state == "ok" and step.engine == "decode-0" and "common/conn.py:1101" in step.detail
         assert twin.pid("decode") != decode_before
+        assert "the deploy restarts it after the prefill" in record._repr_html_()  # a notebook shows it too
         assert record.liveness["outcome"] == "ok"
     finally:
         back = deploy_mod.rollback(twin.inventory_path, restart_decodes=True, liveness_deadline_s=LIVENESS_S)
