@@ -96,9 +96,12 @@ def decode_hazards(inv, cache: dict[str, Any] | None = None) -> tuple[list[Decod
     """Each decode engine of ``inv`` whose release blocks, and what could not be decided (why).
 
     The decode's release is the engine's own ``sglang`` (an upgrade in progress), else the
-    deployment's; a decode with neither is undecided, named in the second list.
+    deployment's, else what the decode's own interpreter reports (as the deploy locates a
+    prefill's); a decode whose release cannot be had is undecided, named in the second list.
     """
+    from forensics.exitcodes import EnvironmentProblem
     from patched_engine.deploy import restart_argv
+    from patched_engine.locate import locate
 
     cache = {} if cache is None else cache
     hazards: list[DecodeHazard] = []
@@ -106,8 +109,17 @@ def decode_hazards(inv, cache: dict[str, Any] | None = None) -> tuple[list[Decod
     for engine in inv.engines_with("decode"):
         version = engine.sglang or inv.sglang
         if not version:
-            undecided.append(f"{engine.label}: no sglang release in the inventory, so whether its decode blocks "
-                             "on a restarted prefill (as 0.5.15's does) is not known")
+            try:
+                version = locate(inv.host_for(engine), engine.python, engine.sglang_location,
+                                 label=engine.label).version
+            except EnvironmentProblem as exc:
+                undecided.append(f"{engine.label}: its sglang release is not in the inventory and could not be asked "
+                                 f"({exc}), so whether its decode blocks on a restarted prefill (as 0.5.15's does) "
+                                 "is not known")
+                continue
+        if not version:
+            undecided.append(f"{engine.label}: its interpreter reports no sglang release, so whether its decode "
+                             "blocks on a restarted prefill (as 0.5.15's does) is not known")
             continue
         if version not in cache:
             try:

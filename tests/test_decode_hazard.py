@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from patched_engine.decode_hazard import blocking_connect, release_blocks
+from patched_engine.decode_hazard import blocking_connect, decode_hazards, release_blocks
 
 
 def _receiver(body: str) -> str:
@@ -48,3 +51,59 @@ def test_the_method_must_be_the_receivers():
 ])
 def test_read_from_each_releases_own_common_conn(release, expected):
     assert release_blocks(release) == expected
+
+
+def _decode_site(directory: Path, release: str) -> Path:
+    """A site-packages holding the release's version file and nixl/conn.py (what its interpreter reports)."""
+    from forensics.sglang_source import fetch
+
+    source = fetch(release)
+    site = directory / "site-packages"
+    nixl = site / "sglang/srt/disaggregation/nixl"
+    nixl.mkdir(parents=True)
+    (site / "sglang/__init__.py").write_text("")
+    shutil.copyfile(source.root / "sglang/_version.py", site / "sglang/_version.py")
+    shutil.copyfile(source.root / "sglang/srt/disaggregation/nixl/conn.py", nixl / "conn.py")
+    return site
+
+
+def _inventory(decode_fields: str):
+    from forensics.inventory import loads
+
+    return loads(textwrap.dedent(f"""
+        [deployment]
+        name = "no-release-given"
+        backend = "nixl"
+
+        [[engine]]
+        role = "prefill"
+        url = "http://127.0.0.1:2"
+        bootstrap_port = 3
+        host = "local"
+
+        [[engine]]
+        role = "decode"
+        url = "http://127.0.0.1:1"
+        host = "local"
+        restart = "systemctl restart sglang-decode.service"
+        {decode_fields}
+        """))
+
+
+def test_a_decode_whose_release_is_not_in_the_inventory_is_asked_with_its_own_interpreter(tmp_path):
+    site = _decode_site(tmp_path, "0.5.15")
+    inv = _inventory(f'python = "{sys.executable}"\nsglang_location = "{site}"')
+    hazards, undecided = decode_hazards(inv)
+    assert undecided == []
+    [hazard] = hazards
+    assert (hazard.release, hazard.where) == ("0.5.15", "common/conn.py:1101 CommonKVReceiver._connect")
+    assert hazard.restart == ["systemctl", "restart", "sglang-decode.service"]
+
+
+def test_a_decode_whose_release_cannot_be_had_is_undecided_never_safe(tmp_path):
+    inv = _inventory(f'python = "{tmp_path / "no-such-python"}"')
+    hazards, undecided = decode_hazards(inv)
+    assert hazards == []
+    [why] = undecided
+    assert why.startswith("decode-0 (local): its sglang release is not in the inventory and could not be asked")
+    assert "no-such-python" in why
