@@ -338,10 +338,10 @@ def _plan_engine(inv, engine, *, release_cache: dict[str, Release | Exception]) 
 
 def plan_deploy(source: Any) -> DeployPlan:
     """Read every prefill engine's file and plan the deploy. Writes nothing."""
-    inv, path = _inventory(source)
-    cache: dict[str, Release | Exception] = {}
     from patched_engine.decode_hazard import decode_hazards
 
+    inv, path = _inventory(source)
+    cache: dict[str, Release | Exception] = {}
     engines = [_plan_engine(inv, engine, release_cache=cache) for engine in inv.engines_with("prefill")]
     hazards, undecided = decode_hazards(inv)
     return DeployPlan(str(path) if path else None, inv.name, inv.is_twin, engines, hazards, undecided)
@@ -539,9 +539,9 @@ def _restart_blocking_decodes(inv, plan: DeployPlan, record: DeployRecord, *, re
             step.detail = f"{shlex.join(hazard.restart)} (its release blocks on a restarted prefill: {hazard.where})"
 
 
-def _not_live(record: DeployRecord, restart_decodes: bool, text: str) -> str:
+def _not_live(record: DeployRecord, text: str) -> str:
     """The not-live message, naming the decode hazard when it may be why (and was not dealt with)."""
-    if record.plan.decode_hazards and not restart_decodes:
+    if record.plan.decode_hazards and not record.plan.restart_decodes:
         names = ", ".join(h.label for h in record.plan.decode_hazards)
         text += (f"; {names} may be blocked sending to the old prefill (sglang {record.plan.decode_hazards[0].release}"
                  f", {record.plan.decode_hazards[0].where}): restart the decode (--restart-decodes) before anything "
@@ -599,7 +599,7 @@ def deploy(source: Any, *, yes: bool = False, force: bool = False, restart: bool
         wrote = [e for e in plan.engines if e.needed]
         if record.liveness["outcome"] != "ok":
             record.status = "not-live"
-            record.message = _not_live(record, restart_decodes,
+            record.message = _not_live(record,
                                        f"liveness failed {record.liveness['waited_s']}s after the restart: roll back "
                                        "with `forensics patch rollback --inventory FILE --yes`")
         elif wrote:
@@ -759,7 +759,7 @@ def rollback(source: Any, *, yes: bool = False, restart_decodes: bool = False,
         record.liveness = wait_liveness(inv, liveness_deadline_s)
         if record.liveness["outcome"] != "ok":
             record.status = "not-live"
-            record.message = _not_live(record, restart_decodes,
+            record.message = _not_live(record,
                                        f"restored, but liveness failed {record.liveness['waited_s']}s after the restart")
         else:
             record.status = "rolled-back"
