@@ -204,31 +204,58 @@ def failure_report(prefill_source, decode_source) -> tuple[str, bool]:
             "'unexpected message tag'): the decode learns of it at its waiting timeout"), False
 
 
+@dataclass(frozen=True)
+class PairSignals:
+    """What one prefill release sends when a transfer succeeds and what one decode release
+    completes on, read once (each reading parses the release's nixl/conn.py)."""
+
+    prefill: str
+    decode: str
+    sent: dict[str, Signal]
+    awaited: dict[str, Signal]
+
+    @property
+    def shared(self) -> list[str]:
+        """The completion signals the prefill sends and the decode completes on, by name."""
+        return [name for name in self.awaited if name in self.sent]
+
+    @property
+    def path(self) -> str:
+        """The signal this pair's transfers complete on, for the record ("" when there is none)."""
+        return "; ".join(f"{name}: sent at prefill {self.sent[name].where}, taken at decode {self.awaited[name].where}"
+                         for name in self.shared)
+
+    @property
+    def missing(self) -> str:
+        """Why no transfer of this pair can complete ("" when the decode completes on a signal the prefill sends)."""
+        if self.shared:
+            return ""
+        if not self.awaited:
+            return (f"the {self.decode} decode completes a transfer on neither the NIXL notification "
+                    f"{{room}}_aux nor a status message (read from its {NIXL} and {COMMON})")
+        only = " or ".join(f"the prefill's {s.describe()}" for s in self.awaited.values())
+        sends = " and ".join(s.describe() for s in self.sent.values()) or "nothing the decode could read"
+        return (f"the {self.decode} decode completes a transfer only on {only}, which sglang "
+                f"{self.prefill}'s prefill never sends (it ends a transfer with {sends}): every "
+                f"request would wait in KVPoll.WaitingForInput until the decode's waiting timeout")
+
+
+def pair_signals(prefill_source, decode_source) -> PairSignals:
+    """Both releases' completion signals, read from their code once."""
+    return PairSignals(prefill_source.version, decode_source.version, prefill_sends(prefill_source),
+                       decode_completes_on(decode_source))
+
+
 def missing_completion(prefill_source, decode_source) -> str:
     """Why no transfer of this pair can complete ("" when the decode completes on a signal the prefill sends)."""
-    sent = prefill_sends(prefill_source)
-    awaited = decode_completes_on(decode_source)
-    if set(sent) & set(awaited):
-        return ""
-    if not awaited:
-        return (f"the {decode_source.version} decode completes a transfer on neither the NIXL notification "
-                f"{{room}}_aux nor a status message (read from its {NIXL} and {COMMON})")
-    only = " or ".join(f"the prefill's {s.describe()}" for s in awaited.values())
-    sends = " and ".join(s.describe() for s in sent.values()) or "nothing the decode could read"
-    return (f"the {decode_source.version} decode completes a transfer only on {only}, which sglang "
-            f"{prefill_source.version}'s prefill never sends (it ends a transfer with {sends}): every "
-            f"request would wait in KVPoll.WaitingForInput until the decode's waiting timeout")
+    return pair_signals(prefill_source, decode_source).missing
 
 
 def shared_signals(prefill_source, decode_source) -> list[str]:
     """The completion signals the prefill sends and the decode completes on, by name."""
-    sent = prefill_sends(prefill_source)
-    return [name for name in decode_completes_on(decode_source) if name in sent]
+    return pair_signals(prefill_source, decode_source).shared
 
 
 def completion_path(prefill_source, decode_source) -> str:
     """The signal this pair's transfers complete on, for the record ("" when there is none)."""
-    sent = prefill_sends(prefill_source)
-    awaited = decode_completes_on(decode_source)
-    return "; ".join(f"{name}: sent at prefill {sent[name].where}, taken at decode {awaited[name].where}"
-                     for name in shared_signals(prefill_source, decode_source))
+    return pair_signals(prefill_source, decode_source).path

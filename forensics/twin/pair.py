@@ -134,23 +134,16 @@ def check_pair(prefill_source, decode_source) -> PairCheck:
     """
     from forensics.sandbox import EngineSandbox
     from forensics.sandbox.errors import SandboxError
-    from forensics.twin.completion_signals import (
-        AUX_NOTIFICATION,
-        completion_path,
-        failure_report,
-        missing_completion,
-        shared_signals,
-    )
+    from forensics.twin.completion_signals import AUX_NOTIFICATION, failure_report, pair_signals
 
     # Prefill → decode first (read from the code, no sandbox): recorded even when the replay
     # below refuses the pair on a decode frame, and refused after it otherwise.
-    no_completion = missing_completion(prefill_source, decode_source)
+    signals = pair_signals(prefill_source, decode_source)
+    no_completion = signals.missing
     failure_text, failure_taken = failure_report(prefill_source, decode_source)
-    prefill_to_decode = {"completion": completion_path(prefill_source, decode_source) or f"none: {no_completion}",
-                         "transfer failure": failure_text}
+    prefill_to_decode = {"completion": signals.path or f"none: {no_completion}", "transfer failure": failure_text}
     # A pair whose transfers complete on the status message alone (a 0.5.23 prefill) has it replayed.
-    shared = shared_signals(prefill_source, decode_source)
-    completes_by_status = bool(shared) and AUX_NOTIFICATION not in shared
+    completes_by_status = bool(signals.shared) and AUX_NOTIFICATION not in signals.shared
     with EngineSandbox(decode_source) as decode, EngineSandbox(prefill_source) as prefill:
         check = PairCheck(prefill=prefill.version, decode=decode.version, prefill_to_decode=prefill_to_decode)
         prefill.create_rooms([SERVING_ROOM, ABORTED_ROOM, FAILED_ROOM])
