@@ -36,6 +36,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import aiohttp
@@ -561,10 +562,12 @@ class DecodeServer(httpserver.EngineEndpoints):
                 "decode_transfer_queue_reqs": len(sched.transfer_queue), "decode_retracted_queue_reqs": 0,
                 "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0}
 
+    @cached_property
     def _completion_signal(self) -> str:
-        """How this decode learns that a transfer ended. Behind another release's prefill, the
-        signal the pair shares, as the pair check found it (a 0.5.22 decode reads both NIXL
-        notifications and KV_STATUS; which one completes depends on the prefill)."""
+        """How this decode learns that a transfer ended (fixed for the process's life: read once).
+        Behind another release's prefill, the signal the pair shares, as the pair check found it
+        (a 0.5.22 decode reads both NIXL notifications and KV_STATUS; which one completes depends
+        on the prefill)."""
         from forensics.twin.api import PAIR_CHECK_NAME
 
         pair_file = Path(self.settings.directory) / PAIR_CHECK_NAME
@@ -593,7 +596,7 @@ class DecodeServer(httpserver.EngineEndpoints):
             "heartbeat_failures": dict(getattr(self.rd.manager, "heartbeat_failures", {})),
             "known_prefills": sorted(self.rd.manager.prefill_info_table),
             "listener_received": dict(self.listened.tags),
-            "completion_signal": self._completion_signal(),
+            "completion_signal": self._completion_signal,
             "deferred_kv_release": bool(getattr(self.rd.manager, "enable_deferred_decode_kv_release", False)),
             "held_for_drain": len(sched.deferred_releases),
             "uptime_s": round(time.time() - self.started, 3),
