@@ -15,6 +15,7 @@ import select
 import socket
 import subprocess
 import sys
+import time
 import uuid
 
 import httpx
@@ -123,10 +124,32 @@ def test_title_finds_every_rank_with_exact_start_time(engine):
     for info in scan:
         assert info.title.startswith(TITLE) and info.ppid == engine.pid
         assert info.start_time.tz is not None
-        assert abs(info.start_time.timestamp() - psutil.Process(info.pid).create_time()) < 0.02
+        # psutil's create_time counts from btime, cut to the second: it may be up to 1 s early.
+        assert -0.02 < info.start_time.timestamp() - psutil.Process(info.pid).create_time() < 1.02
     frame = scan.to_frame()
     assert list(frame.columns) == list(pc.PROCESSES_SCHEMA)
     assert {c: str(t) for c, t in frame.dtypes.items()} == pc.PROCESSES_SCHEMA
+
+
+def test_start_time_is_the_wall_clock_of_the_fork_to_a_clock_tick():
+    """Not cut to the boot second (``btime``), which put it up to a second early: the diagnosis
+    compares it with log lines to tell this run's failures from the last run's."""
+    title = f"sglang::clock_{MARKER}"
+    child = "import setproctitle, sys; setproctitle.setproctitle(sys.argv[1]); print('ready', flush=True); sys.stdin.read()"
+    before = time.time()
+    proc = subprocess.Popen([sys.executable, "-c", child, title], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    after = time.time()
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        scan = pc.find_processes(LocalHost(), pc.ProcessSelector(title=title))
+        assert scan.pids() == [proc.pid], scan.gaps
+        started = scan.processes[0].start_time.timestamp()
+        tick = 1 / os.sysconf("SC_CLK_TCK")
+        # Two clock ticks of slack: the start's own tick and /proc/uptime's 10 ms steps.
+        assert before - 2 * tick <= started <= after + 2 * tick, (before, started, after)
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
 
 
 def test_cmdline_selector_redacts_the_argv(engine):

@@ -59,12 +59,14 @@ MAX_BYTES = 32 * 1024 * 1024
 # The fixed program run on the host. argv[1] is the selector as hex JSON. It prints one JSON
 # document: boot time, clock ticks per second, its own pid, the matching processes, errors.
 LOOKUP_SCRIPT = r"""
-import json, os, sys
+import json, os, sys, time
 sel = json.loads(bytes.fromhex(sys.argv[1]).decode())
 out = {"clk_tck": os.sysconf("SC_CLK_TCK"), "self": os.getpid(), "procs": [], "errors": []}
 for line in open("/proc/stat"):
     if line.startswith("btime "):
         out["btime"] = int(line.split()[1])
+with open("/proc/uptime") as f:
+    out["boot_time"] = time.time() - float(f.read().split()[0])
 def stat(pid):
     with open("/proc/%d/stat" % pid, "rb") as f:
         data = f.read().decode("utf-8", "replace")
@@ -239,21 +241,31 @@ def processes_frame(processes: list[ProcessInfo]) -> pd.DataFrame:
 # ------------------------------------------------------------------------------------- parsing
 
 
-def _start_time(btime: int, ticks: int, clk_tck: int) -> pd.Timestamp:
+def _start_time(boot_ns: int, ticks: int, clk_tck: int) -> pd.Timestamp:
     seconds, rest = divmod(ticks, clk_tck)
     nanos = rest * 1_000_000_000 // clk_tck
-    return pd.Timestamp((btime + seconds) * 1_000_000_000 + nanos, tz="UTC")
+    return pd.Timestamp(boot_ns + seconds * 1_000_000_000 + nanos, tz="UTC")
+
+
+def _boot_ns(doc: dict[str, Any]) -> int:
+    """The host's boot time in ns. ``/proc/stat``'s ``btime`` is cut to the second, which put start
+    times up to a second early: a restart then seemed to precede log lines of the old run written
+    in the same second. The wall clock less ``/proc/uptime`` (read together, 10 ms steps) is exact
+    to a clock tick; ``btime`` stays the fallback for documents without it."""
+    if doc.get("boot_time") is not None:
+        return round(float(doc["boot_time"]) * 1_000_000_000)
+    return int(doc["btime"]) * 1_000_000_000
 
 
 def parse_proc_json(text: str, host: str) -> tuple[list[ProcessInfo], dict[str, Any]]:
     """The lookup script's JSON: the processes (redacted) and the rest of the document."""
     doc = json.loads(text)
-    btime, clk = int(doc["btime"]), int(doc["clk_tck"])
+    boot_ns, clk = _boot_ns(doc), int(doc["clk_tck"])
     procs = []
     for p in doc.get("procs", []):
         cmdline = tuple(redact_argv(p["cmdline"]))
         title = redact_text(cmdline[0] if cmdline else f"[{p['comm']}]")
-        procs.append(ProcessInfo(pid=int(p["pid"]), start_time=_start_time(btime, int(p["ticks"]), clk),
+        procs.append(ProcessInfo(pid=int(p["pid"]), start_time=_start_time(boot_ns, int(p["ticks"]), clk),
                                  cmdline=cmdline, title=title, host=host, start_ticks=int(p["ticks"]),
                                  ppid=int(p["ppid"]), uid=int(p["uid"])))
     return procs, doc
