@@ -586,6 +586,9 @@ class DecodeServer(httpserver.EngineEndpoints):
             "sglang_root": self.settings.release_of("decode")[1],
             "prealloc_queue": len(sched.prealloc_queue),
             "transfer_queue": len(sched.transfer_queue),
+            # Which request is where: a queue's length alone cannot tell a probe from a held request.
+            "queued_rids": {"prealloc": [item.req.rid for item in sched.prealloc_queue],
+                            "transfer": [item.req.rid for item in sched.transfer_queue]},
             "running": len(sched.running),
             "counters": dict(sched.counters),
             "free_pages": self.pool.free_pages,
