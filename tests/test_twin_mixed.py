@@ -209,3 +209,60 @@ def test_a_status_message_the_decode_s_listener_does_not_act_on_is_refused_after
     # The unedited release passes the same replay.
     assert check_pair(fetch("0.5.23"), fetch("0.5.22")).prefill_to_decode["completion"].endswith(
         "replayed in the engine sandbox: the decode's room went Success")
+
+
+@pytest.mark.timeout(180)
+def test_the_pair_check_says_whether_the_prefill_s_abort_ack_frees_the_decode_s_held_pages():
+    """Deferred KV release (on by default from 0.5.21): the decode holds an aborted room's pages until
+    the prefill's ABORT_ACK. 0.5.22 added a generation to both the ABORT and the ack; across that
+    boundary no ack counts, in either direction, and each side's own code says why."""
+    from forensics.sglang_source import fetch
+
+    for release in ("0.5.21", "0.5.22"):
+        same = check_pair(fetch(release), fetch(release))
+        assert same.prefill_to_decode["abort ack"].startswith(f"the {release} prefill's ABORT_ACK frees the decode's "
+                                                              "held pages at once"), same.prefill_to_decode
+        assert "ABORT_ACK" not in same.summary()
+    held = "decode holds each aborted request's KV pages until its deferred-release timeout"
+    new_decode = check_pair(fetch("0.5.21"), fetch("0.5.22"))
+    ack = new_decode.prefill_to_decode["abort ack"]
+    assert ack.startswith("none that counts: the 0.5.22 decode ignores the prefill's ABORT_ACK, which carries no "
+                          "generation: 'Generation-less ABORT_ACK received; ignoring it.")
+    assert re.search(r"\[sglang/srt/disaggregation/common/conn\.py:\d+\]", ack) and held in ack
+    assert new_decode.servable and "ABORT_ACK: none that counts" in new_decode.summary()
+    new_prefill = check_pair(fetch("0.5.22"), fetch("0.5.21"))
+    assert new_prefill.prefill_to_decode["abort ack"].startswith(
+        "none that counts: the 0.5.22 prefill sends no ABORT_ACK for the decode's ABORT, which carries no "
+        "generation: 'Generation-less ABORT for room 2; no deferred ACK'")
+    # 0.5.20's deferred release is off by default: its prefill never acks.
+    off = check_pair(fetch("0.5.20"), fetch("0.5.21")).prefill_to_decode["abort ack"]
+    assert off.startswith("none that counts: the 0.5.20 prefill sends no ABORT_ACK (its deferred KV release is off")
+    # A decode that does not hold pages does not wait for an ack.
+    assert check_pair(fetch("0.5.21"), fetch("0.5.20")).prefill_to_decode["abort ack"].startswith(
+        "not waited for: the 0.5.20 decode frees an aborted request's KV pages at once")
+
+
+@pytest.mark.timeout(300)
+def test_a_0_5_21_prefill_behind_a_0_5_22_decode_holds_aborted_pages_until_the_timeout(tmp_path, monkeypatch):
+    """What the pair check predicts, live: the 0.5.21 prefill drains the aborted room and acks without
+    a generation; the 0.5.22 decode's own listener reads the ack and ignores it, so the pages stay
+    held until SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT (5 s here), then freed."""
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT", "5")
+    twin = twin_api.up("0.5.21", decode_sglang="0.5.22", directory=tmp_path, **TEST_SETTINGS)
+    try:
+        ack = twin.pair["prefill_to_decode"]["abort ack"]
+        assert ack.startswith("none that counts: the 0.5.22 decode ignores") and "(SGLANG_DISAGGREGATION_DEFERRED_" \
+            "DECODE_KV_RELEASE_TIMEOUT, 5 s)" in ack, ack
+        assert _completes(twin, 60)
+        _kill_until_the_prefill_saw_an_abort(twin)
+        wait_until(lambda: twin_state(twin.decode)["counters"]["deferred_release_timeout"] == 1, 60,
+                   "the held pages to be freed at the decode's timeout")
+        state = twin_state(twin.decode)
+        assert state["listener_received"].get("ABORT_ACK") == 1  # it arrived, and did not count
+        assert state["counters"]["deferred_release_drained"] == 0 and state["held_for_drain"] == 0
+        decode_log = twin.log_text("decode")
+        assert "Generation-less ABORT_ACK received; ignoring it." in decode_log
+        assert "timed out after 5.0s without a full drain ack from prefill" in decode_log
+        assert _bootstrap_alive(twin) and _completes(twin, 60)
+    finally:
+        twin.down()

@@ -55,6 +55,11 @@ class Session:
         self.sent = 0
 
     def info(self) -> dict:
+        from forensics.sandbox.managers import _env_value, _envs
+
+        def release_env(name: str):
+            return _env_value(_envs(), name, None)
+
         return {
             "version": self.release.version,
             "root": str(self.release.root),
@@ -68,6 +73,14 @@ class Session:
             "stubbed": dict(sorted(self.release.stubbed.items())),
             "threads": self.loop.thread_info(),
             "overrides": self.loop.overrides,
+            # SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE as each side's release defaults it
+            # (0.5.19+, on from 0.5.21 where the backend supports it): whether a prefill acks a
+            # drained ABORT, and whether a decode holds an aborted room's pages for that ack.
+            "deferred_kv_release": {
+                "prefill": bool(getattr(self.loop.manager, "enable_deferred_decode_kv_release", False)),
+                "decode": self.peer.defers_kv_release,
+                "timeout_s": release_env("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT"),
+            },
             "pid": os.getpid(),
         }
 
@@ -75,13 +88,14 @@ class Session:
     def op_create_rooms(self, rooms: list[int]) -> dict:
         return {"rooms": self.loop.create_rooms(rooms)}
 
-    def op_frames(self, kind: str, room: int | None = None, armed: bool = False, pages: int = 2) -> dict:
+    def op_frames(self, kind: str, room: int | None = None, armed: bool = False, hold: bool = False,
+                  pages: int = 2) -> dict:
         if kind == "registration":
             frames = self.peer.registration()
         elif kind == "transfer_info":
             frames = self.peer.transfer_info(int(room), pages=pages)
         elif kind == "abort":
-            frames = self.peer.abort(int(room), armed=armed)
+            frames = self.peer.abort(int(room), armed=armed, hold=hold)
         elif kind == "abort_from_newer_decode":
             frames = self.peer.abort_from_newer_decode(int(room))
         else:
@@ -98,6 +112,9 @@ class Session:
 
     def op_decode_states(self) -> dict:
         return self.peer.request_states()
+
+    def op_abort_release_safe(self, room: int) -> dict:
+        return {"safe": self.peer.abort_release_safe(int(room))}
 
     def op_decode_messages(self, wait: float = 0.0) -> dict:
         return {"messages": [_b64(m) for m in self.peer.received(wait)]}

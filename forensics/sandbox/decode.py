@@ -72,6 +72,9 @@ class DecodePeer:
             kv_args=self.host_kv.kv_args(base.KVArgs),
         )
         self.manager._zmq_ctx = self.context
+        # The release's own default (CommonKVManager.__init__, 0.5.19+), before the sandbox turns it
+        # off: frames are built plain unless a caller arms them.
+        self.defers_kv_release = bool(getattr(self.manager, "enable_deferred_decode_kv_release", False))
         transfer_status = getattr(self.module, "TransferStatus", dict)
         decode_only = {
             "transfer_statuses": collections.defaultdict(transfer_status),
@@ -184,11 +187,13 @@ class DecodePeer:
             )
         return self._captured(f"{send.__name__}()", lambda: send(**call_arguments))[0]
 
-    def abort(self, room: int, *, armed: bool = False) -> list[bytes]:
+    def abort(self, room: int, *, armed: bool = False, hold: bool = False) -> list[bytes]:
         """The ABORT frame for ``room`` from ``_send_abort_notification`` (0.5.13+).
 
         ``armed``: as a decode with deferred KV release whose metadata is already published
         (0.5.19+ arms a deferred ABORT_ACK; 0.5.22+ then adds the generation as a 5th frame).
+        ``hold``: the decode then keeps deferred release on, as one holding the room's pages until
+        the prefill's ``ABORT_ACK``: its listener counts the ack (:meth:`abort_release_safe`).
         """
         receiver = self.receiver(room)
         send = getattr(receiver, "_send_abort_notification", None)
@@ -205,7 +210,15 @@ class DecodePeer:
         try:
             return self._captured("_send_abort_notification() (armed)", send)[0]
         finally:
-            self.manager.enable_deferred_decode_kv_release = previous
+            if not hold:
+                self.manager.enable_deferred_decode_kv_release = previous
+
+    def abort_release_safe(self, room: int) -> bool | None:
+        """Whether the release's decode may free an aborted ``room``'s pages: every prefill rank
+        acked (``is_abort_release_safe(room, 1)``, 0.5.19+); None where the release has no deferred
+        KV release."""
+        check = getattr(self.manager, "is_abort_release_safe", None)
+        return None if check is None else bool(check(int(room), 1))
 
     def abort_from_newer_decode(self, room: int) -> list[bytes]:
         """The 4-frame ABORT a 0.5.13 to 0.5.21 decode sends, written here (not the release's code).

@@ -69,10 +69,12 @@ class FrameFactory:
         as ``send_metadata`` sends it."""
         return self._build("transfer_info", room, pages=pages)
 
-    def abort(self, room: int, *, armed: bool = False) -> list[bytes]:
+    def abort(self, room: int, *, armed: bool = False, hold: bool = False) -> list[bytes]:
         """``[b"ABORT", room, ip, port]`` as ``_send_abort_notification`` sends it (0.5.13+);
-        ``armed``: with deferred KV release armed (0.5.22+ adds the generation, 5 frames)."""
-        return self._build("abort", room, armed=armed)
+        ``armed``: with deferred KV release armed (0.5.22+ adds the generation, 5 frames);
+        ``hold``: the decode side keeps holding the room's pages for the prefill's ``ABORT_ACK``
+        (:meth:`EngineSandbox.abort_release_safe`)."""
+        return self._build("abort", room, armed=armed, hold=hold)
 
     def abort_from_newer_decode(self, room: int) -> list[bytes]:
         """The 4-frame ABORT of a 0.5.13-0.5.21 decode, for releases whose own decode sends none
@@ -277,6 +279,12 @@ class EngineSandbox:
         :meth:`decode_states`."""
         reply = self._request("listen", rooms=[int(r) for r in rooms])
         return {"rooms": {int(k): v for k, v in reply["rooms"].items()}, "listener_alive": reply["listener_alive"]}
+
+    def abort_release_safe(self, room: int) -> bool | None:
+        """Whether the decode side may free an aborted ``room``'s held pages: its release's
+        ``is_abort_release_safe`` after its listener read the prefill's ``ABORT_ACK`` (None before
+        0.5.19, which has no deferred KV release)."""
+        return self._request("abort_release_safe", room=int(room))["safe"]
 
     def decode_states(self) -> dict:
         """The decode side's KVPoll ints per room (``rooms``) and ``listener_alive``."""

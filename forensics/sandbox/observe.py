@@ -73,6 +73,14 @@ class ThreadWatch:
             self._previous(args)
 
 
+def _release_source(pathname: str, lineno: int) -> str:
+    """``sglang/srt/disaggregation/common/conn.py:872``: the record's line in the release, from its
+    package root on (the cache directory in front says nothing)."""
+    path = pathname.replace("\\", "/")
+    start = path.rfind("sglang/srt/")
+    return f"{path[start:] if start >= 0 else path}:{lineno}"
+
+
 class LogCapture(logging.Handler):
     """Keeps every record of the ``sglang`` loggers (level, logger, message, time, thread)."""
 
@@ -96,6 +104,7 @@ class LogCapture(logging.Handler):
             "message": message,
             "time": record.created,
             "thread": record.threadName,
+            "source": _release_source(record.pathname, record.lineno),
             "bootstrap_thread": threading.current_thread() in self.loop_threads,
             "exc_text": logging.Formatter().formatException(record.exc_info) if record.exc_info else None,
             "during_teardown": self.watch.teardown_at is not None,

@@ -25,6 +25,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
+import logging
 import os
 import re
 import sys
@@ -206,6 +207,32 @@ def _alias_nixl() -> str:
         return "nixl_cu12 (real)"
 
 
+def install_logger_once_methods() -> None:
+    """``Logger.warning_once`` and ``info_once``, which sglang's disaggregation code calls (the
+    ABORT_ACK listener, the heartbeat, the NIXL notification parser): in a real engine they come
+    from ``transformers``, whose logging module adds them to ``logging.Logger`` when sglang imports
+    it. Neither is imported here, and without them such a call raises AttributeError in the
+    thread that makes it: a death the engine never has. Each message is logged once per logger."""
+    if hasattr(logging.Logger, "warning_once"):
+        return
+    seen: set[tuple[str, str, str]] = set()
+    seen_lock = threading.Lock()
+
+    def once(level: int):
+        def log_once(self, msg, *args, **kwargs):
+            key = (self.name, logging.getLevelName(level), str(msg))
+            with seen_lock:
+                if key in seen:
+                    return
+                seen.add(key)
+            kwargs.setdefault("stacklevel", 2)  # the record names sglang's line, not this one
+            self.log(level, msg, *args, **kwargs)
+        return log_once
+
+    logging.Logger.warning_once = once(logging.WARNING)  # type: ignore[attr-defined]
+    logging.Logger.info_once = once(logging.INFO)  # type: ignore[attr-defined]
+
+
 def load_release(
     source_root: str | Path, *, nixl_conn: str | Path | None = None, version: str | None = None
 ) -> LoadedRelease:
@@ -235,6 +262,7 @@ def load_release(
         if foreign:
             raise SandboxError(f"sglang is already imported in this process ({foreign[0]}); cannot shim it")
         release = LoadedRelease(version=release_version, root=root, nixl_conn=conn, nixl=_alias_nixl())
+        install_logger_once_methods()
         sys.meta_path.insert(0, ReleaseFinder(release))
         _loaded = release
         return release

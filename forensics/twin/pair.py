@@ -34,8 +34,16 @@ Success / Failed.
   only at the decode's waiting timeout (replayed where the decode's listener takes it). Recorded,
   not refused: requests serve while transfers succeed.
 
-Not checked: ``ABORT_ACK`` (the decode's deferred KV release waits for it up to its hold timeout)
-and the staging frames (``STAGING_REQ``, ``CHUNK_READY``), which the twin does not enable.
+* the prefill's ``ABORT_ACK``, where the decode release holds an aborted request's KV pages
+  for it (deferred KV release, on by default from 0.5.21): the decode release's own armed ABORT
+  goes to the prefill's loop, the prefill release's own code answers (or not), and the decode
+  release's own listener must count the ack (``is_abort_release_safe``). Across the
+  0.5.21/0.5.22 boundary it does not, in either direction: a 0.5.22+ prefill sends no ack for a
+  generation-less ABORT, and a 0.5.22+ decode ignores a generation-less ack. Each aborted
+  request's pages then stay held until the decode's deferred-release timeout. Recorded, not
+  refused: requests serve.
+
+Not checked: the staging frames (``STAGING_REQ``, ``CHUNK_READY``), which the twin does not enable.
 """
 
 from __future__ import annotations
@@ -71,8 +79,10 @@ class PairCheck:
         if self.refused:
             return f"{pair}: cannot serve: {self.refused}"
         completion = self.prefill_to_decode.get("completion", "")
+        ack = self.prefill_to_decode.get("abort ack", "")
+        held = f"; ABORT_ACK: {ack}" if ack.startswith("none that counts") else ""
         return (f"{pair}: the prefill's loop takes every frame a request needs; transfers complete on "
-                f"{completion}; {self.abort_fate}")
+                f"{completion}; {self.abort_fate}{held}")
 
     def to_dict(self) -> dict:
         return {"prefill": self.prefill, "decode": self.decode, "frames": dict(self.frames),
@@ -123,6 +133,65 @@ def _replay_status_messages(prefill, decode, check: PairCheck, *, success: bool,
             f"; replayed in the engine sandbox: the decode's room went {state}")
 
 
+def _listening(decode) -> None:
+    """The decode release's listener thread on its rank socket, started once per check."""
+    if not decode.decode_states()["listener_alive"]:
+        decode.listen_as_decode([])
+
+
+def _log_line(sandbox, text: str) -> str:
+    """The first of the release's own log records containing ``text``, with its source line."""
+    for record in sandbox.log_records():
+        if text in record["message"]:
+            return f"{record['message']!r} [{record.get('source', '?')}]"
+    return ""
+
+
+def _why_no_ack(prefill, decode, check: PairCheck, deferred: dict) -> str:
+    """Why the decode will not count an ack, from either release's own flag or log line ("" while
+    nothing says so yet)."""
+    if not deferred["prefill"]:
+        return f"the {check.prefill} prefill sends no ABORT_ACK (its deferred KV release is off by default or absent)"
+    if ignored := _log_line(decode, "Generation-less ABORT_ACK"):
+        return f"the {check.decode} decode ignores the prefill's ABORT_ACK, which carries no generation: {ignored}"
+    if unanswered := _log_line(prefill, "Generation-less ABORT"):
+        return (f"the {check.prefill} prefill sends no ABORT_ACK for the decode's ABORT, which carries no "
+                f"generation: {unanswered}")
+    return ""
+
+
+def _check_abort_ack(prefill, decode, check: PairCheck, deferred: dict) -> None:
+    """After the decode's armed ABORT was taken: does the prefill's answer free the decode's held
+    pages? Recorded under ``prefill_to_decode["abort ack"]``."""
+    from forensics.sandbox.errors import SandboxError
+
+    try:
+        _listening(decode)
+    except SandboxError as exc:
+        check.prefill_to_decode["abort ack"] = f"undecided: {exc}"
+        return
+    deadline = time.monotonic() + STATUS_REPLY_WAIT_S
+    why = ""
+    while not decode.abort_release_safe(ABORTED_ROOM):
+        why = _why_no_ack(prefill, decode, check, deferred)
+        if why:
+            break
+        if time.monotonic() > deadline:
+            why = f"no ABORT_ACK the decode counts arrived within {STATUS_REPLY_WAIT_S:.0f} s of the replay"
+            break
+        time.sleep(0.05)
+    if not why:
+        check.prefill_to_decode["abort ack"] = (
+            f"the {check.prefill} prefill's ABORT_ACK frees the decode's held pages at once (replayed in the "
+            f"engine sandbox: the {check.decode} decode's listener counted it)")
+        return
+    timeout = deferred.get("timeout_s")
+    held = f"{timeout:g} s" if isinstance(timeout, int | float) else "its default"
+    check.prefill_to_decode["abort ack"] = (
+        f"none that counts: {why}; the {check.decode} decode holds each aborted request's KV pages until its "
+        f"deferred-release timeout (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT, {held})")
+
+
 def check_pair(prefill_source, decode_source) -> PairCheck:
     """Send the decode release's frames to the prefill release's NIXL bootstrap loop in the sandbox,
     and read from both releases' code how a transfer's end reaches the decode.
@@ -170,8 +239,13 @@ def check_pair(prefill_source, decode_source) -> PairCheck:
             _replay_status_messages(prefill, decode, check, success=completes_by_status, failure=failure_taken)
             if check.refused:
                 return check
+        # A decode that holds an aborted room's pages for the prefill's ack sends its armed ABORT
+        # (0.5.22+ adds the generation), as it does with its release's defaults.
+        deferred = {"prefill": prefill.info["deferred_kv_release"]["prefill"],
+                    "decode": decode.info["deferred_kv_release"]["decode"],
+                    "timeout_s": decode.info["deferred_kv_release"]["timeout_s"]}
         try:
-            abort = decode.frames.abort(room=ABORTED_ROOM)
+            abort = decode.frames.abort(room=ABORTED_ROOM, armed=deferred["decode"], hold=deferred["decode"])
         except SandboxError as exc:
             check.abort_fate = f"no ABORT to survive ({exc})"
             return check
@@ -181,6 +255,12 @@ def check_pair(prefill_source, decode_source) -> PairCheck:
             check.frames["ABORT"] = "taken"
             state = prefill.room_state_names().get(ABORTED_ROOM)
             check.abort_fate = f"it survives the decode's ABORT (the aborted room: {state})"
+            if deferred["decode"]:
+                _check_abort_ack(prefill, decode, check, deferred)
+            else:
+                check.prefill_to_decode["abort ack"] = (
+                    f"not waited for: the {check.decode} decode frees an aborted request's KV pages at once "
+                    "(its deferred KV release is off by default or absent)")
         else:
             check.frames["ABORT"] = f"the loop died: {_died_of(prefill)}"
             check.abort_fate = (f"its bootstrap_thread dies on the decode's ABORT ({_died_of(prefill)}): "

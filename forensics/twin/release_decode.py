@@ -45,22 +45,6 @@ from forensics.twin.nixl_transfer import PagePool
 logger = logging.getLogger(__name__)
 
 
-def _install_warning_once() -> None:
-    """sglang adds ``Logger.warning_once`` in ``sglang.srt.utils`` (stubbed here); give it back."""
-    if hasattr(logging.Logger, "warning_once"):
-        return
-    seen: set[tuple[str, str]] = set()
-
-    def warning_once(self, msg, *args, **kwargs):
-        key = (self.name, str(msg))
-        if key not in seen:
-            seen.add(key)
-            self.warning(msg, *args, **kwargs)
-
-    logging.Logger.warning_once = warning_once  # type: ignore[attr-defined]
-    logging.Logger.info_once = warning_once  # type: ignore[attr-defined]
-
-
 class ReleaseDecode:
     """One decode rank's KV manager of ``release`` (backend ``nixl``), built without ``__init__``."""
 
@@ -77,7 +61,6 @@ class ReleaseDecode:
         backend: str = "nixl",
         server_socket: zmq.Socket | None = None,
     ) -> None:
-        _install_warning_once()
         self.release = release
         self.version = Version(release.version)
         self.conn = release.module(f"{backend}.conn")

@@ -36,7 +36,7 @@ from forensics.sandbox.managers import (
 )
 from forensics.sandbox.shim import LoadedRelease
 from forensics.twin.nixl_transfer import FreeList
-from forensics.twin.release_decode import ReleaseDecode, _install_warning_once
+from forensics.twin.release_decode import ReleaseDecode
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,6 @@ class MooncakeReleaseDecode(ReleaseDecode):
 
     def __init__(self, release: LoadedRelease, *, engine, pool: HostPagePool, aux: HostPagePool, local_ip: str,
                  rank_port: int, waiting_timeout: float, server_socket: zmq.Socket) -> None:
-        _install_warning_once()
         self.release = release
         self.version = Version(release.version)
         self.conn = release.module("mooncake.conn")
