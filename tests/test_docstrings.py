@@ -25,6 +25,7 @@ ENTRY_POINTS = [
     "patch.diff", "patch.apply", "patch.verify", "patch.codemod", "patch.deploy", "patch.status", "patch.rollback",
     "report.write_report", "report.Investigation", "report.timeline_plot",
     "sandbox.EngineSandbox",
+    "upgrade.plan_upgrade", "upgrade.find_via",
 ]
 EXAMPLE = re.compile(r"^Example: ``(?P<code>.+?)``", re.M)
 

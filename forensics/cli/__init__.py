@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "patch": ("forensics.cli.patch_cmd", "The NIXL bootstrap-loop fix: diff, apply, verify."),
     "handlers": ("forensics.cli.handlers_cmd", "Map and diff the bootstrap-loop message handlers."),
     "twin": ("forensics.cli.twin_cmd", "The local PD twin: up, status, restart, down."),
+    "upgrade-order": ("forensics.cli.upgrade_cmd", "Rolling upgrade: prefills or decodes first?"),
     "collect": ("forensics.cli.collect_cmd", "Collect live evidence from a deployment into a bundle."),
     "diagnose": ("forensics.cli.diagnose_cmd", "HEALTHY, WEDGED, DEGRADED, DOWN or INCONCLUSIVE, with why."),
     "watch": ("forensics.cli.watch_cmd", "Probe continuously and print every verdict change."),

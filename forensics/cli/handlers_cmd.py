@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from forensics.cli.contract import conclude, fail_after_output
+from forensics.cli.render import step_progress
 from forensics.exitcodes import environment_problem_from_os_error
 
 
@@ -88,7 +88,7 @@ def matrix_command(lower, upper, workers, no_cache, as_json, png):
     releases = available_releases(lower, upper)
     if not releases:
         raise click.BadParameter(f"no sglang release between {lower} and {upper}", param_hint="--from/--to")
-    with _matrix_progress(len(releases)) as step:
+    with step_progress(len(releases), "handlers matrix") as step:
         result = matrix(releases, workers=workers, use_cache=not no_cache, progress=step)
 
     def human() -> None:
@@ -112,33 +112,6 @@ def matrix_command(lower, upper, workers, no_cache, as_json, png):
     # The matrix is a map, not a gate: good when every release was mapped, inconclusive
     # (naming the rows) when some backend's code could not be read or understood.
     conclude(as_json, result.exit_status, result.to_dict(), human, word=result.verdict)
-
-
-@contextmanager
-def _matrix_progress(total: int):
-    """A per-release callback for stderr: a rich bar in a terminal, one plain line per release otherwise.
-
-    Fetching every release takes about a minute the first time; a log or CI job (stderr not a
-    terminal) gets ``handlers matrix: 0.5.13 (12/45)`` lines instead of a minute of silence.
-    """
-    console = _console(stderr=True)
-    if not console.is_terminal:
-        done = 0
-
-        def line(version: str) -> None:
-            nonlocal done
-            done += 1
-            click.echo(f"handlers matrix: {version} ({done}/{total})", err=True)
-
-        yield line
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    progress = Progress(TextColumn("[bold]fetching and mapping"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True)
-    with progress:
-        task = progress.add_task("", total=total)
-        yield lambda version: progress.update(task, advance=1, description=version)
 
 
 @command.command("check")
