@@ -22,6 +22,7 @@ import html
 from dataclasses import dataclass, field
 
 from forensics.exitcodes import BAD, GOOD, ExitStatus
+from forensics.twin.pair import ACK_DOES_NOT_COUNT
 
 PREFILLS_FIRST, DECODES_FIRST = "prefills first", "decodes first"
 PAIR_CHECKS_PER_PLAN = 3  # prefills first, decodes first, and the target alone
@@ -59,10 +60,10 @@ def findings_of(order: str, check, *, failures_read_today: bool) -> OrderFinding
     if check.refused:
         found.stops.append(f"cannot serve: {check.refused}")
         return found
-    if "wedges on the first abort" in check.abort_fate:
+    if check.wedges:
         found.stops.append(f"wedges: {check.abort_fate}")
     ack = check.prefill_to_decode.get("abort ack", "")
-    if ack.startswith("none that counts"):
+    if ack.startswith(ACK_DOES_NOT_COUNT):
         found.costs.append(f"aborted requests' KV pages held: {ack}")
     failure = check.prefill_to_decode.get("transfer failure", "")
     if failures_read_today and failure and "is taken by" not in failure:
@@ -224,7 +225,7 @@ def plan_upgrade(current, target, *, progress=None) -> UpgradePlan:
                 f"prefill that never reconnects and has no send timeout ({where}); a send to a restarted "
                 "prefill waits forever, so restart those decodes right after the prefills")
     plan = UpgradePlan(current=old.version, target=new.version, orders=[prefills_first, decodes_first])
-    if "wedges on the first abort" in alone.abort_fate:
+    if alone.wedges:
         plan.warnings.append(f"sglang {new.version} itself wedges on the first abort ({alone.abort_fate}): "
                              "patch it (forensics patch) or choose a release that survives its decode's ABORT")
     return plan

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 # The frames of a request's normal path, in the order a decode sends them.
 SERVING_FRAMES = ("KV-args registration", "transfer info")
 SERVING_ROOM, ABORTED_ROOM, FAILED_ROOM = 1, 2, 3
+ACK_DOES_NOT_COUNT = "none that counts"  # how prefill_to_decode["abort ack"] begins when the decode keeps waiting
 STATUS_REPLY_WAIT_S = 15.0  # how long the decode's listener gets to apply a status message (a loaded machine)
 
 
@@ -69,6 +70,7 @@ class PairCheck:
     prefill_to_decode: dict[str, str] = field(default_factory=dict)  # "completion", "transfer failure"
     refused: str = ""  # why the pair cannot serve, naming the frame ("" when it can)
     abort_fate: str = ""  # "wedges on the first abort", "survives an abort", or why there is no ABORT
+    wedges: bool = False  # the prefill's loop died on the decode's ABORT
 
     @property
     def servable(self) -> bool:
@@ -80,14 +82,14 @@ class PairCheck:
             return f"{pair}: cannot serve: {self.refused}"
         completion = self.prefill_to_decode.get("completion", "")
         ack = self.prefill_to_decode.get("abort ack", "")
-        held = f"; ABORT_ACK: {ack}" if ack.startswith("none that counts") else ""
+        held = f"; ABORT_ACK: {ack}" if ack.startswith(ACK_DOES_NOT_COUNT) else ""
         return (f"{pair}: the prefill's loop takes every frame a request needs; transfers complete on "
                 f"{completion}; {self.abort_fate}{held}")
 
     def to_dict(self) -> dict:
         return {"prefill": self.prefill, "decode": self.decode, "frames": dict(self.frames),
                 "prefill_to_decode": dict(self.prefill_to_decode), "servable": self.servable,
-                "refused": self.refused, "abort_fate": self.abort_fate}
+                "refused": self.refused, "abort_fate": self.abort_fate, "wedges": self.wedges}
 
 
 def _died_of(prefill) -> str:
@@ -188,7 +190,7 @@ def _check_abort_ack(prefill, decode, check: PairCheck, deferred: dict) -> None:
     timeout = deferred.get("timeout_s")
     held = f"{timeout:g} s" if isinstance(timeout, int | float) else "its default"
     check.prefill_to_decode["abort ack"] = (
-        f"none that counts: {why}; the {check.decode} decode holds each aborted request's KV pages until its "
+        f"{ACK_DOES_NOT_COUNT}: {why}; the {check.decode} decode holds each aborted request's KV pages until its "
         f"deferred-release timeout (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT, {held})")
 
 
@@ -263,6 +265,7 @@ def check_pair(prefill_source, decode_source) -> PairCheck:
                     "(its deferred KV release is off by default or absent)")
         else:
             check.frames["ABORT"] = f"the loop died: {_died_of(prefill)}"
+            check.wedges = True
             check.abort_fate = (f"its bootstrap_thread dies on the decode's ABORT ({_died_of(prefill)}): "
                                 "this pair wedges on the first abort")
         return check
