@@ -73,6 +73,10 @@ CASES = [
     ("twin restart prefill --inventory {not_twin}", 4, "live.toml"),
     ("twin down --inventory {missing_toml}", 4, "missing.toml"),
     ("twin status", 2, "--inventory"),
+    # upgrade-order
+    ("upgrade-order --from 0.5.16", 2, "--to"),
+    ("upgrade-order --from 0.5.16 --to 0.5.16", 2, "nothing to upgrade"),
+    ("upgrade-order --from 0.5.99 --to 0.5.16", 4, "0.5.99"),
     # demo
     ("demo --no-such-option", 2, "no-such-option"),
     ("demo --out {unwritable_dir}", 4, "pd-forensics-cannot-write"),

@@ -12,7 +12,7 @@ from forensics.cli.contract import conclude
 @click.option("--to", "target", required=True, help="the release it moves to")
 @click.option("--find-via", is_flag=True,
               help="when no order works, look for a release in between that both hops can roll through "
-                   "(up to four pair checks per candidate, newest first)")
+                   "(up to six pair checks per candidate, newest first)")
 @click.option("--via", "candidates", multiple=True, metavar="RELEASE",
               help="with --find-via: consider only these releases in between (repeatable; default: every "
                    "release on PyPI between the two)")
