@@ -25,7 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "watch": ("forensics.cli.watch_cmd", "Probe continuously and print every verdict change."),
     "storm": ("forensics.cli.storm_cmd", "Abort storm: kill clients mid-request, diagnose each cycle."),
     "validate": ("forensics.cli.validate_cmd", "Validation campaign: storm cycles and checks, PASS or not."),
-    "report": ("forensics.cli.report_cmd", "Write the postmortem of an investigation: Markdown, HTML, PDF."),
+    "report": ("forensics.cli.report_cmd", "Write an investigation's postmortem: Markdown, HTML, PDF."),
 }
 
 
