@@ -41,10 +41,9 @@ def steps(lower: str, upper: str) -> list[tuple[str, str]]:
 
 def cell(order) -> str:
     """``clean``, or the state and the short name of each finding (the part before its colon)."""
-    if not (order.stops or order.costs):
+    if order.state == "clean":
         return "clean"
-    state = "stops" if order.stops else "costs"
-    return f"{state}: " + "; ".join(line.split(":", 1)[0] for line in order.stops + order.costs)
+    return f"{order.state}: " + "; ".join(line.split(":", 1)[0] for line in order.stops + order.costs)
 
 
 def run(lower: str, upper: str) -> list[dict]:

@@ -40,6 +40,11 @@ class OrderFindings:
     summary: str = ""  # the pair check's own sentence
 
     @property
+    def state(self) -> str:
+        """``stops``, ``costs`` or ``clean``: the window in one word."""
+        return "stops" if self.stops else "costs" if self.costs else "clean"
+
+    @property
     def rank(self) -> int:
         """0 clean, 1 serves at a cost, 2 stopped."""
         return 2 if self.stops else 1 if self.costs else 0
@@ -122,8 +127,7 @@ class UpgradePlan:
         lines = [f"sglang {self.current} -> {self.target}: {self.order}", f"  {self.advice()}"]
         lines += [f"  warning: {w}" for w in self.warnings]
         for o in self.orders:
-            state = "stops" if o.stops else "costs" if o.costs else "clean"
-            lines.append(f"  {o.order} (prefill {o.prefill} / decode {o.decode}): {state}")
+            lines.append(f"  {o.order} (prefill {o.prefill} / decode {o.decode}): {o.state}")
             lines += [f"    - {line}" for line in o.stops + o.costs]
         return "\n".join(lines)
 
@@ -139,7 +143,8 @@ class UpgradePlan:
         table.add_column("window")
         table.add_column("why", overflow="fold")
         for o in self.orders:
-            state = "[red]stops[/red]" if o.stops else "[yellow]costs[/yellow]" if o.costs else "[green]clean[/green]"
+            colour = {"stops": "red", "costs": "yellow", "clean": "green"}[o.state]
+            state = f"[{colour}]{o.state}[/{colour}]"
             why = "\n".join(o.stops + o.costs) or "every frame and signal taken; survives the decode's ABORT"
             table.add_row(o.order, f"prefill {o.prefill}\ndecode {o.decode}", state, escape(why))
         return table
@@ -147,7 +152,7 @@ class UpgradePlan:
     def _repr_html_(self) -> str:
         rows = "".join(
             f"<tr><td>{html.escape(o.order)}</td><td>prefill {html.escape(o.prefill)} / decode "
-            f"{html.escape(o.decode)}</td><td>{'stops' if o.stops else 'costs' if o.costs else 'clean'}</td>"
+            f"{html.escape(o.decode)}</td><td>{o.state}</td>"
             f"<td style='text-align:left'>{'<br>'.join(html.escape(x) for x in o.stops + o.costs) or 'clean'}</td></tr>"
             for o in self.orders)
         return (f"<div><b>sglang {html.escape(self.current)} → {html.escape(self.target)}: "
@@ -174,22 +179,24 @@ def find_via(current, target, releases=None, *, progress=None) -> tuple[UpgradeP
     low, high = str(getattr(current, "version", current)), str(getattr(target, "version", target))
     if releases is None:
         releases = [r for r in available_releases(low, high) if Version(low) < Version(r) < Version(high)]
+    checks: dict = {}  # each pair checked once: every second hop ends at the same target
     with step_reporter(progress, PAIR_CHECKS_PER_PLAN * 2 * len(releases), "upgrade route", unit="pair check") as step:
         for candidate in sorted(releases, key=Version, reverse=True):
-            first = plan_upgrade(current, candidate, progress=step or False)
+            first = plan_upgrade(current, candidate, progress=step or False, checks=checks)
             if first.order == "neither":
                 continue
-            second = plan_upgrade(candidate, target, progress=step or False)
+            second = plan_upgrade(candidate, target, progress=step or False, checks=checks)
             if second.order != "neither":
                 return first, second
     return None
 
 
-def plan_upgrade(current, target, *, progress=None) -> UpgradePlan:
+def plan_upgrade(current, target, *, progress=None, checks: dict | None = None) -> UpgradePlan:
     """Check both orders of a rolling upgrade from ``current`` to ``target`` (release numbers or
     :class:`~forensics.sglang_source.SglangSource`), each release's own code in the engine sandbox:
     three pair checks of about 3 s each (the two mixed pairs and the target's own). ``progress``:
     see :mod:`forensics.progress` (a bar in a notebook; a callable gets each finished pair).
+    ``checks``: pair checks already made, by (prefill, decode) release; filled with this plan's.
 
     Raises :class:`~forensics.sandbox.errors.SandboxError` when a release cannot run here, and
     :class:`~forensics.sglang_source.SourceError` when it cannot be fetched: never a guess.
@@ -205,8 +212,13 @@ def plan_upgrade(current, target, *, progress=None) -> UpgradePlan:
     old = current if hasattr(current, "root") else fetch(str(current))
     new = target if hasattr(target, "root") else fetch(str(target))
     with step_reporter(progress, PAIR_CHECKS_PER_PLAN, "upgrade order", unit="pair check") as step:
+        known = {} if checks is None else checks
+
         def pair(prefill, decode):
-            check = check_pair(prefill, decode)
+            key = (str(prefill.root), str(decode.root))
+            if key not in known:
+                known[key] = check_pair(prefill, decode)
+            check = known[key]
             if step:
                 step(f"prefill {prefill.version} / decode {decode.version}")
             return check

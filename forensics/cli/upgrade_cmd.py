@@ -37,22 +37,23 @@ def command(current, target, find_via, candidates, as_json) -> None:
         with step_progress(PAIR_CHECKS_PER_PLAN, "upgrade order") as step:
             plan = plan_upgrade(current, target, progress=step)
         via = None
-        if find_via and plan.order == "neither":
+        searched = find_via and plan.order == "neither"
+        if searched:
             with step_progress(None, "upgrade route") as step:
                 via = search_via(current, target, list(candidates) or None, progress=step)
     except SandboxError as exc:
         raise Undecided(f"sglang {current} -> {target}: the pair check could not run in the engine sandbox: "
                         f"{exc}") from None
     doc = plan.to_dict()
-    if find_via and plan.order == "neither":
+    if searched:
         doc["via"] = [hop.to_dict() for hop in via] if via else None
 
     def human() -> None:
-        from rich.console import Console
+        from forensics.cli.render import console as terminal
 
-        console = Console()
+        console = terminal()
         console.print(plan)
-        if not (find_via and plan.order == "neither"):
+        if not searched:
             return
         if via is None:
             console.print(f"No release between {current} and {target} lets both hops roll.")
