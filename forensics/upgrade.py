@@ -50,7 +50,8 @@ class OrderFindings:
         return 2 if self.stops else 1 if self.costs else 0
 
     def to_dict(self) -> dict:
-        return {"order": self.order, "prefill": self.prefill, "decode": self.decode, "stops": list(self.stops),
+        return {"order": self.order, "prefill": self.prefill, "decode": self.decode, "state": self.state,
+                "stops": list(self.stops),
                 "costs": list(self.costs), "summary": self.summary}
 
 

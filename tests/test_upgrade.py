@@ -74,7 +74,7 @@ def test_no_rolling_order_from_0_5_15_to_0_5_23_but_one_through_0_5_22(tmp_path)
     assert status == BAD, err
     doc = json.loads(out)
     assert (doc["status"], doc["order"]) == ("neither", "neither")
-    assert all(o["stops"] and o["stops"][0].startswith("cannot serve") for o in doc["orders"])
+    assert all(o["state"] == "stops" and o["stops"][0].startswith("cannot serve") for o in doc["orders"])
     first, second = doc["via"]  # the newest candidate that works is tried first
     assert (first["current"], first["target"], first["order"]) == ("0.5.15", "0.5.22", PREFILLS_FIRST)
     assert (second["current"], second["target"], second["order"]) == ("0.5.22", "0.5.23", PREFILLS_FIRST)
