@@ -53,11 +53,24 @@ def emit(doc: dict) -> None:
         raise ValueError("a --json document needs 'status' and 'exit'")  # a bug in the command
     if _state["emitted"]:
         raise RuntimeError("a second --json document in one command")  # a bug in the command
+    doc = {**doc, **_probes_left_open()}
     data = encode_json(doc)
     _state["emitted"] = True
     sys.stdout.buffer.write(data + b"\n") if hasattr(sys.stdout, "buffer") else sys.stdout.write(
         data.decode() + "\n")
     sys.stdout.flush()
+
+
+def _probes_left_open() -> dict:
+    """``probes_left_open``: the probes this command leaves open at its exit (none: no field)."""
+    handover = sys.modules.get("forensics.probes.handover")  # no probe was ever sent without it
+    if handover is None:
+        return {}
+    try:
+        described = handover.describe_open()
+    except Exception:  # noqa: BLE001 - the document must still be printed
+        return {}
+    return {"probes_left_open": described} if described else {}
 
 
 def emit_line(doc: dict) -> None:
@@ -137,11 +150,40 @@ def _finish_error(as_json: bool, status: int, word: str, line: str, kind: str) -
     sys.exit(int(status))
 
 
+# The commands that send probes: a SIGTERM ends them through the interpreter's exit (so an open
+# probe is handed to a keeper, never closed by the OS), and they first say which probes an
+# earlier command left open.
+PROBING_COMMANDS = ("collect", "diagnose", "watch", "storm", "validate", "demo")
+TERMINATED = 128 + 15
+
+
+def _terminate(signum, frame) -> NoReturn:
+    raise SystemExit(TERMINATED)
+
+
+def _prepare_probing(args: list[str]) -> None:
+    import signal
+
+    command = next((a for a in args if not a.startswith("-")), None)
+    if command not in PROBING_COMMANDS:
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
+    try:
+        from forensics.probes import handover
+
+        handover.report_held(sys.stderr)
+    except OSError:
+        pass  # an unreadable cache directory must not stop the command; the hand-over says so at exit
+
+
 def run(group: click.Group, argv: list[str] | None = None) -> NoReturn:
     """Run the click group and map every way it can end to the exit contract."""
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = wants_json(args)
     _state["emitted"] = False
+    if argv is None:  # a real command line (not a test calling in-process): it owns the process's signals
+        _prepare_probing(args)
     try:
         returned = group.main(args=args, prog_name="forensics", standalone_mode=False)
     except SystemExit as exit_:

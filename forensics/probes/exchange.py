@@ -67,6 +67,18 @@ class Exchange:
             pass
         return True
 
+    def socket_fd(self) -> int | None:
+        """The open connection's file descriptor (to hand to a keeper), or None when nothing is open."""
+        with self._lock:
+            sock = self._sock
+            if sock is None or self._abandoned or self.finished.is_set():
+                return None
+            try:
+                fd = sock.fileno()
+            except OSError:
+                return None
+        return fd if fd >= 0 else None
+
     def run(self) -> Answer:
         started = time.monotonic()
         try:
@@ -103,7 +115,9 @@ class Exchange:
                     return Answer(failure="abandoned", detail="abandoned before sending")
                 self._sock = sock = conn.sock
             sock.settimeout(self._left(started))
-            headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+            # Connection: close makes the server close once its answer is sent, so whoever holds
+            # the connection then (this thread, or a keeper after the caller exited) sees the end.
+            headers = {"User-Agent": USER_AGENT, "Accept": "application/json", "Connection": "close"}
             if self.body is not None:
                 headers["Content-Type"] = "application/json"
             try:

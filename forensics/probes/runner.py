@@ -21,10 +21,11 @@ Leaving:
   that can itself cause the wedge; on one already wedged it changes nothing.
 * :meth:`ProbeRunner.detach` stops the ticks and returns at once; open probes keep their
   connections on daemon threads and finish on their own (``results()`` still shows the
-  updates). Daemon threads do not hold the process: **when the process exits, the OS closes
-  their sockets**, which the server sees as a client disconnect, the very thing the rule
-  avoids. A CLI that exits while a probe is open should say so, or wait: ``detach(
-  wait_at_exit=True)`` registers an ``atexit`` hook that waits (up to the caps) first.
+  updates). A process that exits closes its sockets, which the server would see as a client
+  disconnect, the very thing the rule avoids; so a runner left with open probes is handed
+  over at exit (:mod:`forensics.probes.handover`): a keeper process takes the connections
+  and holds each until its answer or its cap, and stderr says which probe is open and why.
+  ``detach(wait_at_exit=True)`` waits for them (up to the caps) at exit instead.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from forensics.probes import calls
+from forensics.probes import calls, handover
 from forensics.probes.exchange import DEFAULT_CONNECT_S, Answer, Exchange
 from forensics.probes.results import ProbeResults, ProbeRow
 from forensics.probes.schema import DEFAULT_CAP_S, DEFAULT_DEADLINES_S, KINDS
@@ -236,18 +237,23 @@ class ProbeRunner:
             if lane.thread.is_alive():
                 wait = None if limit is None else max(limit - time.monotonic(), 0.0)
                 lane.thread.join(wait)
+        if self.open_probes():
+            handover.register(self)  # left open after the timeout: never closed by our exit
         return self.results()
 
     def detach(self, *, wait_at_exit: bool = False) -> ProbeResults:
         """Stop ticking and return at once; open probes finish on their own daemon threads.
 
-        Their connections stay open; at process exit the OS closes them (a client disconnect
-        to the server). ``wait_at_exit=True`` registers an ``atexit`` hook that waits for them
-        first (up to their caps).
+        Their connections stay open. At process exit, those still open are handed to a keeper
+        process that holds them until their answers or caps (:mod:`forensics.probes.handover`),
+        so the exit closes nothing the server sees. ``wait_at_exit=True`` waits for them at
+        exit instead (up to their caps).
         """
         self._halt()
         if wait_at_exit:
             atexit.register(self._wait_lanes)
+        else:
+            handover.register(self)
         return self.results()
 
     def _wait_lanes(self) -> None:
@@ -269,6 +275,13 @@ class ProbeRunner:
     def open_probes(self) -> int:
         with self._lock:
             return sum(1 for lane in self.lanes if lane.current is not None)
+
+    def open_exchanges(self) -> list[tuple[_Probe, int, Exchange]]:
+        """(probe, leg, exchange) for every connection still open: what a hand-over takes."""
+        with self._lock:
+            probes = [lane.current for lane in self.lanes if lane.current is not None]
+            found = [(p, leg, ex) for p in probes for leg, ex in enumerate(p.exchanges)]
+        return [(p, leg, ex) for p, leg, ex in found if ex.socket_fd() is not None]
 
     # ------------------------------------------------------------------ ticks
 
