@@ -47,6 +47,7 @@ from pathlib import Path
 import psutil
 
 from forensics.exitcodes import EnvironmentProblem
+from forensics.sandbox.loopback import UCX_LOOPBACK
 
 ROLE_ORDER = ("prefill", "decode", "router")
 READY_TIMEOUT_S = 60.0
@@ -265,6 +266,7 @@ def start(role: str, inventory_path: Path, directory: Path, python: str | None =
     """Start ``role`` with a lifeline (and the listening sockets in ``listeners``, port -> socket)."""
     log_path = log_file(directory, role)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.update(UCX_LOOPBACK)  # the twin promises loopback: UCX's listeners too (forensics.sandbox.loopback)
     env.pop(FAULT_ENV, None)
     # The twin's processes import forensics from wherever this process did.
     package_root = str(Path(__file__).resolve().parents[2])
