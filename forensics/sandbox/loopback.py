@@ -21,6 +21,7 @@ write into, so no listener may face the network:
 from __future__ import annotations
 
 import ctypes
+import errno
 import ipaddress
 import os
 import socket
@@ -66,7 +67,17 @@ def _loopback_bind(fd: int, address: int, length: int) -> int:
     return _real_bind(fd, buffer if buffer is not None else address, length)
 
 
-_hook = _BIND(_loopback_bind)  # kept for the life of the process: the GOT slots point at it
+def _guarded_bind(fd: int, address: int, length: int) -> int:
+    """:func:`_loopback_bind`, failing closed: an exception in Python becomes a failed bind
+    (EADDRNOTAVAIL, which the engine reports), never a silent 0 nor a wildcard listener."""
+    try:
+        return _loopback_bind(fd, address, length)
+    except Exception:  # noqa: BLE001 - nothing may escape into C++; the engine sees a failed bind
+        ctypes.set_errno(errno.EADDRNOTAVAIL)
+        return -1
+
+
+_hook = _BIND(_guarded_bind)  # kept for the life of the process: the GOT slots point at it
 
 
 def confine_mooncake(host: str = "127.0.0.1") -> int:
