@@ -97,3 +97,12 @@ def test_sandbox_nixl_agent_binds_loopback_only():
     facing = [s for s in report["sockets"] if not _is_loopback(s[2])]
     assert not facing, report
     assert report["env"] == "lo"
+
+
+@pytest.mark.skipif(ENGINE_PROBLEM is not None, reason=ENGINE_PROBLEM or "")
+def test_mooncake_is_never_redirected_off_loopback():
+    from forensics.sandbox.loopback import confine_mooncake
+    from forensics.sandbox.plt_hook import PltHookError
+
+    with pytest.raises(PltHookError, match="kept on loopback; host '192.0.2.1'"):
+        confine_mooncake("192.0.2.1")
