@@ -77,6 +77,21 @@ CASES = [
     ("upgrade-order --from 0.5.16", 2, "--to"),
     ("upgrade-order --from 0.5.16 --to 0.5.16", 2, "nothing to upgrade"),
     ("upgrade-order --from 0.5.99 --to 0.5.16", 4, "0.5.99"),
+    # durations: a sign is a usage error naming the option, never read as its absolute value
+    ("storm --inventory {not_twin} --kill-after -1s", 2, "--kill-after '-1s': a duration has no sign"),
+    ("storm --inventory {not_twin} --kill-after=-20s", 2, "--kill-after '-20s'"),
+    ("storm --inventory {not_twin} --session-timeout -5s", 2, "--session-timeout '-5s'"),
+    ("storm --inventory {not_twin} --settle -3s", 2, "--settle '-3s'"),
+    ("storm --inventory {not_twin} --wave-interval -1s", 2, "--wave-interval '-1s'"),
+    ("storm --inventory {not_twin} --sample -8s", 2, "--sample '-8s'"),
+    ("validate --inventory {not_twin} --kill-after -1s", 2, "--kill-after '-1s'"),
+    ("validate --inventory {not_twin} --liveness-deadline -1m", 2, "--liveness-deadline '-1m'"),
+    ("validate --inventory {not_twin} --probe-deadline -2s", 2, "--probe-deadline '-2s'"),
+    ("watch --inventory {not_twin} --interval -1s", 2, "--interval '-1s'"),
+    ("watch --inventory {not_twin} --for -10m", 2, "--for '-10m'"),
+    ("collect --inventory {not_twin} --out {empty_dir}/b --sample -8s", 2, "--sample '-8s'"),
+    ("patch deploy --inventory {not_twin} --liveness-deadline -5", 2, "--liveness-deadline"),
+    ("patch rollback --inventory {not_twin} --liveness-deadline -5", 2, "--liveness-deadline"),
     # demo
     ("demo --no-such-option", 2, "no-such-option"),
     ("demo --out {unwritable_dir}", 4, "pd-forensics-cannot-write"),
@@ -159,3 +174,20 @@ def test_a_bug_is_exit_5_with_the_traceback_saved(files, monkeypatch, tmp_path, 
 def test_help_is_not_an_error():
     status, stdout, _ = invoke("--help")
     assert status == 0 and "logs" in stdout
+
+
+@pytest.mark.parametrize("text", ["-1s", "+1s", "-0.5m", "- 2h"])
+def test_a_signed_duration_is_a_usage_problem(text, tmp_path):
+    from forensics.exitcodes import UsageProblem
+    from forensics.logs.timewindow import parse_duration
+    from forensics.storm.runner import make_plan
+    from forensics.twin.api import build_inventory
+    from forensics.twin.settings import TwinSettings
+
+    with pytest.raises(UsageProblem, match="--kill-after .*a duration has no sign"):
+        parse_duration(text, "--kill-after")
+    settings = TwinSettings(directory=str(tmp_path), sglang="0.5.15", sglang_root=str(tmp_path / "site-packages"))
+    inventory = build_inventory(settings, tmp_path / "inventory.toml")
+    for option in ("kill_after", "settle", "session_timeout"):
+        with pytest.raises(UsageProblem, match="a duration has no sign"):
+            make_plan(inventory, **{option: text})

@@ -120,3 +120,29 @@ def test_the_restart_line_quotes_its_paths(tmp_path, name):
     for engine in built.engines:
         assert shlex.split(engine.restart) == [sys.executable, "-m", "forensics", "twin", "restart", engine.role,
                                                "--inventory", str(inventory_path)]
+
+
+def test_a_device_a_pipe_and_a_huge_file_are_refused_naming_the_file(tmp_path):
+    import os
+
+    fifo = tmp_path / "inventory.fifo"
+    os.mkfifo(fifo)  # opening it for a blocking read would wait for a writer forever
+    huge = tmp_path / "huge.toml"
+    huge.write_bytes(b"# " + b"x" * (1024 * 1024) + b"\n")
+    for path, why in (("/dev/zero", "not a regular file (a character device)"),
+                      (fifo, "not a regular file (a named pipe)"),
+                      (huge, "larger than 1 MiB, too big for an inventory file")):
+        with pytest.raises(inventory.InventoryError) as caught:
+            inventory.load(path)
+        assert str(caught.value).startswith(f"{path}: {why}"), caught.value
+
+
+@pytest.mark.parametrize("command", [["collect", "--out", "OUT"], ["diagnose"], ["twin", "status"]])
+def test_cli_refuses_dev_zero_as_an_inventory_in_one_line(tmp_path, command):
+    args = [str(tmp_path / "out") if part == "OUT" else part for part in command]
+    result = subprocess.run([*FORENSICS, *args, "--inventory", "/dev/zero", "--json"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "/dev/zero: not a regular file" in result.stderr and "Traceback" not in result.stderr
+    doc = json.loads(result.stdout)
+    assert (doc["exit"], doc["kind"]) == (4, "InventoryError")

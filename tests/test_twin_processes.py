@@ -12,6 +12,7 @@ import asyncio
 import gc
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -103,6 +104,72 @@ def test_down_does_not_signal_what_a_stale_pid_file_names(tmp_path):
             proc.wait()
 
 
+def _listening(ports) -> list[int]:
+    return sorted({conn.laddr.port for conn in psutil.net_connections(kind="tcp")
+                   if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port in set(ports)})
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("staleness", ["start time", "reused pid"])
+def test_down_with_a_stale_router_record_stops_the_real_router(tmp_path, staleness):
+    twin = twin_api.up("0.5.16", directory=tmp_path / "twin")
+    stranger = subprocess.Popen(["sleep", "300"])
+    pids = [twin.pid(role) for role in processes.ROLE_ORDER]
+    settings = twin.settings
+    ports = sorted([settings.router_port, settings.prefill_port, settings.bootstrap_port, settings.decode_port])
+    try:
+        record = processes.identity_file(twin.directory, "router")
+        identity = json.loads(record.read_text())
+        if staleness == "start time":
+            identity["create_time"] -= 100
+        else:  # the record and pid file name another live process, as after a reboot's pid reuse
+            identity["pid"] = stranger.pid
+            processes.pid_file(twin.directory, "router").write_text(f"{stranger.pid}\n")
+        record.write_text(json.dumps(identity))
+        assert processes.state(twin.directory, "router") == "stale" and _listening(ports) == sorted(ports)
+        down = _cli("twin", "down", "--inventory", str(twin.inventory_path), "--json", timeout=120)
+        report = json.loads(down.stdout)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert _listening(ports) == [], f"a port of the twin still listens after 'down' said {report}"
+        assert report["recovered"] == ["router"] and sorted(report["stopped"]) == ["decode", "prefill", "router"]
+        wait_until(lambda: not [pid for pid in pids if processes.alive(pid)], 30, "the twin's processes to end")
+        assert stranger.poll() is None  # the process the stale record named was not signalled
+    finally:
+        twin.take_down()
+        for pid in pids:  # the test started them: none outlives it, whatever 'down' did
+            if processes.alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+        stranger.kill()
+        stranger.wait()
+
+
+LISTENER = "import socket,sys,time; s=socket.create_server(('127.0.0.1',0)); print(s.getsockname()[1], flush=True); " \
+           "time.sleep(300)"
+
+
+def test_down_keeps_a_stale_record_while_a_stranger_listens_on_the_port(tmp_path):
+    stranger = subprocess.Popen([sys.executable, "-c", LISTENER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(stranger.stdout.readline())
+        settings = TwinSettings(directory=str(tmp_path), sglang="0.5.16", sglang_root=str(tmp_path / "site-packages"),
+                                router_port=port, prefill_port=2, bootstrap_port=3, decode_port=4)
+        inventory_path = tmp_path / api.INVENTORY_NAME
+        inventory.dump(api.build_inventory(settings, inventory_path), inventory_path)
+        processes.pid_file(tmp_path, "router").write_text(f"{stranger.pid}\n")  # a record it does not match
+        down = _cli("twin", "down", "--inventory", str(inventory_path), "--json", timeout=60)
+        report = json.loads(down.stdout)
+        assert down.returncode == 1, down.stdout + down.stderr
+        assert report["still_running"] == ["router"] and report["listening"] == {"router": [port]}
+        assert report["stopped"] == [] and report["recovered"] == []
+        assert processes.pid_file(tmp_path, "router").exists()  # kept: the twin is not known to be down
+        assert stranger.poll() is None
+        human = _cli("twin", "down", "--inventory", str(inventory_path), timeout=60)
+        assert human.returncode == 1 and f"port(s) {port} still listen" in human.stdout, human.stdout
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
 # --------------------------------------------------------------- one twin per directory
 
 
@@ -189,6 +256,50 @@ def test_killed_cli_during_up_leaves_no_twin_process(tmp_path, step, how):
         cli.stderr.close()
         for identity in _recorded(tmp_path):  # never leave a process behind, even when the test fails
             processes.stop(tmp_path, identity["role"], timeout=5)
+
+
+LIFELINE_LINE = "twin: the process that started me died before handing the twin over"
+SGLANG_STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\] ")
+
+
+@pytest.mark.timeout(600)
+def test_a_twin_restarted_after_its_launcher_died_validates_without_a_log_gap(tmp_path, leak_guard):
+    import forensics as fx
+    from forensics.validation import INCONCLUSIVE
+
+    env = dict(os.environ, **{processes.FAULT_ENV: "before-handover:block"})
+    cli = subprocess.Popen([*FORENSICS, "twin", "up", "--sglang", "0.5.16", "--dir", str(tmp_path)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        _read_stderr_until(cli, "twin fault: blocked at before-handover", 120)
+        identities = _recorded(tmp_path)
+        cli.kill()  # the launcher dies before the handover: each role writes its last line and leaves
+        cli.wait(timeout=60)
+        wait_until(lambda: not _survivors(identities), 60, "the twin's processes to leave after their launcher")
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+        cli.stderr.close()
+    for role in processes.ROLE_ORDER:
+        said = [line for line in processes.log_file(tmp_path, role).read_text().splitlines() if LIFELINE_LINE in line]
+        assert said and all(SGLANG_STAMP.match(line) for line in said), (role, said)
+
+    # The same directory, the same log files (appended to), a twin that serves again; one campaign cycle
+    # (tests/test_validate.py's storm) reads those logs from the cycle's start.
+    twin = twin_api.up("0.5.16", directory=tmp_path, waiting_timeout=15, pool_pages=160, prefill_rate_tps=400.0,
+                       decode_rate_tps=50.0, decode_log_interval=10)
+    try:
+        for role in processes.ROLE_ORDER:
+            leak_guard.allow(twin.pid(role))
+        campaign = fx.validate(twin, cycles=1, sessions=6, prompt_tokens=1200, max_tokens=16, phase="kv",
+                               kill_after=0, sample_s=4)
+    finally:
+        twin.down()
+    logs = campaign.cycles[0].check("logs")
+    gaps = [gap for gap in campaign.cycles[0].evidence.gaps if "format" in str(gap) or LIFELINE_LINE in str(gap)]
+    assert not gaps, gaps
+    assert logs.status != INCONCLUSIVE or "not read whole" not in logs.reason, logs.reason
 
 
 # ------------------------------------------------- handover, distinct ports, directories

@@ -19,7 +19,7 @@ def positive_seconds(ctx, param, value):
         seconds = float(value)
     except ValueError:
         try:
-            seconds = parse_duration(value, f"--{param.name.replace('_', '-')}").total_seconds()
+            seconds = parse_duration(value, max(param.opts, key=len)).total_seconds()
         except UsageProblem as exc:
             raise click.BadParameter(str(exc)) from None
     if not math.isfinite(seconds) or seconds <= 0:

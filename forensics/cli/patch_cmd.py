@@ -13,6 +13,7 @@ import sys
 import click
 
 from forensics.cli.contract import conclude
+from forensics.cli.live_options import positive_seconds
 from forensics.exitcodes import BAD, GOOD
 
 
@@ -197,7 +198,7 @@ def _conclude_record(record, as_json: bool) -> None:
               help="Restart already-patched engines too (a deploy stopped between write and restart).")
 @click.option("--restart-decodes", is_flag=True,
               help="After the prefills, restart each decode whose release blocks on a restarted prefill (0.5.15).")
-@click.option("--liveness-deadline", type=float, default=600.0, show_default=True,
+@click.option("--liveness-deadline", type=float, default=600.0, show_default=True, callback=positive_seconds,
               help="Seconds after the restart within which a real one-token request must answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 def deploy_command(inventory: str, yes: bool, force: bool, restart_patched: bool, restart_decodes: bool,
@@ -236,7 +237,7 @@ def status_command(inventory: str, as_json: bool) -> None:
 @click.option("--yes", is_flag=True, help="Really roll back a live deployment. Without it only the plan.")
 @click.option("--restart-decodes", is_flag=True,
               help="After the prefills, restart each decode whose release blocks on a restarted prefill (0.5.15).")
-@click.option("--liveness-deadline", type=float, default=600.0, show_default=True,
+@click.option("--liveness-deadline", type=float, default=600.0, show_default=True, callback=positive_seconds,
               help="Seconds after the restart within which a real one-token request must answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 def rollback_command(inventory: str, yes: bool, restart_decodes: bool, liveness_deadline: float,

@@ -125,10 +125,17 @@ def down(inventory, as_json) -> None:
     still = report["still_running"]
     data = dict(report, inventory=str(Path(inventory)))
     message = f"stopped: {', '.join(report['stopped']) or 'nothing was running'}"
+    if report["recovered"]:
+        message += (f"; {', '.join(report['recovered'])}: the pid record was stale, the real process was found by "
+                    "its log file and port, and stopped")
     if report["stale"]:
         stale = ", ".join(f"{role} (pid {pids[role]})" for role in report["stale"])
         message += (f"; stale pid file(s), removed without a signal: {stale} "
                     "(not a process this twin started)")
+    for role, ports in report["listening"].items():
+        message += (f"; {role}: the pid record (pid {pids[role]}) is stale and port(s) "
+                    f"{', '.join(map(str, ports))} still listen, held by no process provably this twin's: "
+                    "nothing signalled, record kept")
     if report["removed_directory"]:
         message += f"; removed the twin's directory {report['removed_directory']}"
     if still:

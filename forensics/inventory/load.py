@@ -8,7 +8,9 @@ never silently ignored. A ``password`` key anywhere is refused: an inventory nev
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,8 @@ SECRET_KEYS = ("password", "passphrase")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*$")
 _HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TOML_LINE_RE = re.compile(r"at line (\d+)")
+# Inventories are a few KiB; this bounds what a wrong path (a log, a device) can cost to read.
+MAX_INVENTORY_BYTES = 1024 * 1024
 
 
 def dump(inventory: Inventory, path: str | Path) -> Path:
@@ -64,18 +68,13 @@ def dump(inventory: Inventory, path: str | Path) -> Path:
 def load(path: str | Path) -> Inventory:
     """Read and validate an inventory file; errors name the file, the line and the key."""
     path = Path(path)
+    data_bytes = read_capped(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise InventoryError(f"{path}: no such inventory file", file=str(path)) from exc
-    except IsADirectoryError as exc:
-        raise InventoryError(f"{path}: is a directory, not an inventory file", file=str(path)) from exc
-    except OSError as exc:
-        raise InventoryError(f"{path}: cannot read ({exc.strerror})", file=str(path)) from exc
+        text = data_bytes.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = text_line(path, exc.start)
+        line = data_bytes[:exc.start].count(b"\n") + 1
         raise InventoryError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
-                             f"{f', line {line}' if line else ''})", file=str(path), line=line) from None
+                             f", line {line})", file=str(path), line=line) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -84,6 +83,43 @@ def load(path: str | Path) -> Inventory:
         where = f"{path}:{line}" if line else f"{path}"
         raise InventoryError(f"{where}: not valid TOML ({exc})", file=str(path), line=line) from exc
     return parse(data, path, text=text)
+
+
+def read_capped(path: Path, limit: int = MAX_INVENTORY_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them.
+
+    Opened without blocking and checked before any read: a FIFO, a device (``/dev/zero`` would
+    be read until memory runs out) or a file over the cap is refused, naming the file.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise InventoryError(f"{path}: no such inventory file", file=str(path)) from exc
+    except OSError as exc:
+        raise InventoryError(f"{path}: cannot read ({exc.strerror})", file=str(path)) from exc
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise InventoryError(f"{path}: is a directory, not an inventory file", file=str(path))
+        if not stat.S_ISREG(mode):
+            raise InventoryError(f"{path}: not a regular file ({_file_kind(mode)}), not an inventory file",
+                                 file=str(path))
+        try:
+            data = handle.read(limit + 1)
+        except OSError as exc:
+            raise InventoryError(f"{path}: cannot read ({exc.strerror})", file=str(path)) from exc
+    if len(data) > limit:
+        raise InventoryError(f"{path}: larger than {limit / 1048576:g} MiB, too big for an inventory file",
+                             file=str(path))
+    return data
+
+
+def _file_kind(mode: int) -> str:
+    for test, word in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return word
+    return "not a plain file"
 
 
 def loads(text: str, path: str | Path = "<inventory>") -> Inventory:

@@ -28,12 +28,13 @@ _EPOCH = re.compile(r"@?(\d{9,11}(?:\.\d+)?)")
 
 
 def parse_duration(text: str, option: str = "--last") -> pd.Timedelta:
-    """``30m``, ``2h30m``, ``90s``, ``1.5h``, ``30 min``: a positive duration."""
+    """``30m``, ``2h30m``, ``90s``, ``1.5h``, ``30 min``: a positive duration.
+
+    A sign is refused (``-1s`` is a usage error naming ``option``, never read as 1 s); a bound
+    before now (``--since -2h``, ``2h ago``) is :func:`parse_bound`'s to read."""
     value = text.strip().lower()
-    if value.startswith("-"):
-        value = value[1:]
-    if value.endswith(" ago"):
-        value = value[:-4]
+    if value.startswith(("-", "+")):
+        raise UsageProblem(f"{option} {text!r}: a duration has no sign (examples: 30m, 2h, 90s, 1d, 2h30m)")
     total = pd.Timedelta(0)
     position = 0
     for match in _DURATION_PART.finditer(value):
@@ -75,7 +76,8 @@ def parse_bound(text, tz: str = "UTC", option: str = "--since", now: pd.Timestam
                                                                          lowered):
             if value.startswith("+"):
                 return now + parse_duration(value[1:], option)
-            return now - parse_duration(value, option)
+            before = value[1:] if value.startswith("-") else value[:-4] if lowered.endswith(" ago") else value
+            return now - parse_duration(before, option)
         try:
             stamp = pd.Timestamp(value)
         except (ValueError, TypeError) as exc:

@@ -46,6 +46,8 @@ from packaging.version import Version
 
 from forensics.exitcodes import EnvironmentProblem
 from forensics.sandbox.errors import SandboxError
+from forensics.sandbox.loopback import confine_mooncake
+from forensics.sandbox.plt_hook import PltHookError
 
 ENGINE_PACKAGE = "mooncake-transfer-engine-non-cuda"
 ENGINE_PIN = "0.3.13.post1"  # the build measured here (also pinned in ./run)
@@ -198,6 +200,10 @@ def make_engine(sglang_root: str | Path, version: str, hostname: str = "127.0.0.
     if problem:
         raise MooncakeUnavailable(problem)
     select_tcp(version)
+    try:
+        confine_mooncake(hostname)  # its listeners bind INADDR_ANY / :: unless redirected (sandbox.loopback)
+    except (PltHookError, OSError, ValueError) as exc:
+        raise MooncakeUnavailable(f"the Mooncake engine cannot be kept on loopback here: {exc}") from exc
     cls = wrapper_class(sglang_root)
     try:
         engine = cls(hostname=hostname, gpu_id=0, ib_device=None)

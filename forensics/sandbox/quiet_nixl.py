@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 import threading
 
+from forensics.sandbox.loopback import confine_ucx
+
 PROGRESS_DELAY_US = 5000
 DELAY_ENV = "PD_FORENSICS_NIXL_PROGRESS_DELAY_US"
 _swap_lock = threading.Lock()  # the bindings are swapped module-wide while an agent is built
@@ -66,6 +68,7 @@ def quiet_agent(api, name: str, config):
     ``api`` is the NIXL Python API module (``nixl_cu12._api``, or ``nixl._api`` as the
     sandbox aliases it).
     """
+    confine_ucx()  # the agent's UCX listener on 127.0.0.1, not the first network interface
     delay = progress_delay_us()
     if delay == 0 or not hasattr(api, "nixlBind"):
         return api.nixl_agent(name, config)

@@ -249,10 +249,16 @@ class Deployment:
             if name not in processes.ROLE_ORDER:
                 raise TwinError(f"unknown role {name!r} (prefill, decode, router or all)")
         started = time.monotonic()
-        processes.stop_all(self.directory, reversed(roles))
+        processes.stop_all(self.directory, reversed(roles), ports=self.role_ports())
         for name in roles:
             _start_role(self, name)
         return time.monotonic() - started
+
+    def role_ports(self) -> dict[str, tuple[int, ...]]:
+        """Each role's listening ports (the prefill's HTTP and bootstrap ports)."""
+        settings = self.settings
+        return {"prefill": (settings.prefill_port, settings.bootstrap_port), "decode": (settings.decode_port,),
+                "router": (settings.router_port,)}
 
     def down(self) -> list[str]:
         """Stop every process of the twin; returns the roles that were running (see :meth:`take_down`)."""
@@ -262,18 +268,27 @@ class Deployment:
         """Stop every process the twin started and, if the twin created its directory, remove it.
 
         A pid file naming a process the twin did not start (a reused pid, an older twin's
-        file) is *stale*: removed, nothing signalled. Returns ``stopped`` and ``stale`` roles,
-        ``still_running`` and ``removed_directory`` (None if kept).
+        file) is *stale*. The role's real process is then looked for by what proves it ours
+        (its log file, title and port: :func:`processes.deployment_process`) and stopped
+        (``recovered``, also in ``stopped``); if none is found and nothing listens on the role's
+        ports, the record is removed without a signal (``stale``); if something unprovable still
+        listens there, nothing is signalled, the record is kept and the role is in
+        ``still_running`` with its ``listening`` ports. ``removed_directory`` is None if kept.
         """
         settings = self.settings
         directory = Path(settings.directory)
-        report: dict = {"stopped": [], "stale": [], "still_running": [], "removed_directory": None}
-        for role, outcome in processes.stop_all(directory, reversed(processes.ROLE_ORDER)).items():
-            if outcome == "running":
+        ports = self.role_ports()
+        report: dict = {"stopped": [], "recovered": [], "stale": [], "still_running": [], "listening": {},
+                        "removed_directory": None}
+        for role, outcome in processes.stop_all(directory, reversed(processes.ROLE_ORDER), ports=ports).items():
+            if outcome in ("running", "recovered"):
                 report["stopped"].append(role)
-            elif outcome == "stale":
-                report["stale"].append(role)
-        report["still_running"] = processes.running_roles(directory)
+            if outcome in ("stale", "recovered"):
+                report[outcome].append(role)
+            if outcome == "listening":
+                report["listening"][role] = processes.listened(ports[role])
+        report["still_running"] = processes.running_roles(directory) + [
+            role for role in processes.ROLE_ORDER if role in report["listening"]]
         if settings.created_directory and not report["still_running"] and directory.is_dir():
             shutil.rmtree(directory, ignore_errors=True)
             report["removed_directory"] = str(directory)

@@ -30,6 +30,12 @@ class _PrefixFilter(logging.Filter):
         return True
 
 
+def _formatter(version: str | None) -> logging.Formatter:
+    fmt = sglang_format.log_format(version or DEFAULT_VERSION)
+    with_ms = os.environ.get("SGLANG_LOG_MS", "").strip().lower() in ("1", "true", "yes")
+    return logging.Formatter(fmt.logging_format(with_ms), datefmt=fmt.datefmt)
+
+
 def configure(*, prefix: str = "", level: str = "info", disaggregation_debug: bool = True,
               version: str | None = None) -> None:
     """Route all logging to stderr in ``version``'s format (the launcher sends stderr to the log file).
@@ -37,10 +43,8 @@ def configure(*, prefix: str = "", level: str = "info", disaggregation_debug: bo
     ``SGLANG_LOG_MS=1`` adds milliseconds only where the release's ``configure_logger`` reads it
     (from 0.5.6); older releases ignore it, and so does their twin.
     """
-    fmt = sglang_format.log_format(version or DEFAULT_VERSION)
     handler = logging.StreamHandler(sys.stderr)
-    with_ms = os.environ.get("SGLANG_LOG_MS", "").strip().lower() in ("1", "true", "yes")
-    handler.setFormatter(logging.Formatter(fmt.logging_format(with_ms), datefmt=fmt.datefmt))
+    handler.setFormatter(_formatter(version))
     handler.addFilter(_PrefixFilter(f" {prefix}" if prefix else ""))
     root = logging.getLogger()
     for old in list(root.handlers):
@@ -53,6 +57,19 @@ def configure(*, prefix: str = "", level: str = "info", disaggregation_debug: bo
     # Keep third-party chatter out of the sglang-format log.
     for noisy in ("aiohttp.access", "asyncio", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def line(message: str) -> str:
+    """``message`` as one log line of this process, timestamped like its sglang lines.
+
+    For what the twin writes outside ``logging`` (its lifeline's last word, which may come before
+    :func:`configure` has run: then in the default release's format). A line in no known format
+    would be a gap in every later collection of this log, since no window can place it.
+    """
+    configured = next((h.formatter for h in logging.getLogger().handlers if h.formatter is not None), None)
+    record = logging.LogRecord("forensics.twin", logging.WARNING, __file__, 0, message, None, None)
+    record.prefix = ""
+    return (configured or _formatter(None)).format(record)
 
 
 def prefill_batch_line(

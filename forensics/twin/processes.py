@@ -47,6 +47,7 @@ from pathlib import Path
 import psutil
 
 from forensics.exitcodes import EnvironmentProblem
+from forensics.sandbox.loopback import UCX_LOOPBACK
 
 ROLE_ORDER = ("prefill", "decode", "router")
 READY_TIMEOUT_S = 60.0
@@ -265,6 +266,7 @@ def start(role: str, inventory_path: Path, directory: Path, python: str | None =
     """Start ``role`` with a lifeline (and the listening sockets in ``listeners``, port -> socket)."""
     log_path = log_file(directory, role)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.update(UCX_LOOPBACK)  # the twin promises loopback: UCX's listeners too (forensics.sandbox.loopback)
     env.pop(FAULT_ENV, None)
     # The twin's processes import forensics from wherever this process did.
     package_root = str(Path(__file__).resolve().parents[2])
@@ -321,6 +323,7 @@ def watch_lifeline() -> None:
     if not fd_text:
         return
     fd = int(fd_text)
+    from forensics.twin.logformat import line as log_line  # imported now, not by a thread at the end
 
     def watch() -> None:
         try:
@@ -333,7 +336,7 @@ def watch_lifeline() -> None:
             pass
         if data == HANDOVER:
             return
-        print(f"twin: the process that started me died before handing the twin over; pid {os.getpid()} leaves",
+        print(log_line(f"twin: the process that started me died before handing the twin over; pid {os.getpid()} leaves"),
               file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGTERM)  # the server's own clean stop, if it is serving
         time.sleep(5)
@@ -375,33 +378,55 @@ def log_tail(directory: Path, role: str, lines: int = 6) -> str:
 # --------------------------------------------------------------------------- stopping
 
 
-def stop(directory: Path, role: str, timeout: float = 10.0) -> str:
+def stop(directory: Path, role: str, timeout: float = 10.0, ports: tuple[int, ...] = ()) -> str:
     """Stop the role's process if it is the one the twin started.
 
-    Returns ``running`` (it was ours and is stopped now), ``stale`` (the pid file named
-    something else or nothing: removed, nothing signalled) or ``absent`` (no pid file).
+    Returns an outcome as :func:`stop_all` names it (``running``, ``recovered``, ``stale``,
+    ``listening`` or ``absent``).
     """
-    return stop_all(directory, (role,), timeout)[role]
+    return stop_all(directory, (role,), timeout, {role: ports} if ports else None)[role]
 
 
-def stop_all(directory: Path, roles, timeout: float = 10.0) -> dict[str, str]:
+def stop_all(directory: Path, roles, timeout: float = 10.0,
+             ports: dict[str, tuple[int, ...]] | None = None) -> dict[str, str]:
     """Stop several roles at once: SIGTERM to each, one shared wait, SIGKILL to whoever is left.
 
-    Returns each role's outcome as :func:`stop` names it. One at a time, three processes
-    still starting (SIGTERM deferred until their interpreter leaves a long C call) could take
-    three times as long to go as the slowest one does.
+    Each role's outcome:
+
+    * ``running``: its record named it; it is stopped now.
+    * ``recovered``: its record was stale (a start time or command line that no longer
+      matches), but the role's real process was found by what proves it ours
+      (:func:`deployment_process`: its output goes to this directory's ``<role>.log``, it bears
+      the role's title or command line, it listens on the role's port) and is stopped now.
+    * ``stale``: the record named something else or nothing, and nothing listens on the role's
+      ports: the record is removed, nothing signalled.
+    * ``listening``: the record is stale and something that cannot be proved ours still listens
+      on a port of the role: nothing signalled, the record kept (the twin is not down).
+    * ``absent``: no pid file.
+
+    ``ports`` (role -> its listening ports) enables the search and the check; without them a
+    stale record is removed as before. One at a time, three processes still starting (SIGTERM
+    deferred until their interpreter leaves a long C call) could take three times as long to go
+    as the slowest one does.
     """
+    ports = ports or {}
     outcomes: dict[str, str] = {}
     procs: dict[str, psutil.Process] = {}
     for role in roles:
-        if not pid_file(directory, role).exists():
-            identity_file(directory, role).unlink(missing_ok=True)
-            outcomes[role] = "absent"
-            continue
         proc = ours(directory, role)
+        if proc is None and ports.get(role):
+            proc = deployment_process(directory, role, ports[role])
+            if proc is not None:
+                outcomes[role] = "recovered"
         if proc is None:
-            forget(directory, role)
-            outcomes[role] = "stale"
+            if not pid_file(directory, role).exists():
+                identity_file(directory, role).unlink(missing_ok=True)
+                outcomes[role] = "absent"
+            elif listened(ports.get(role, ())):
+                outcomes[role] = "listening"
+            else:
+                forget(directory, role)
+                outcomes[role] = "stale"
             continue
         procs[role] = proc
         _signal(proc, signal.SIGTERM)
@@ -413,8 +438,44 @@ def stop_all(directory: Path, roles, timeout: float = 10.0) -> dict[str, str]:
             _wait_gone(proc, 5)
         _reap(proc.pid)
         forget(directory, role)
-        outcomes[role] = "running"
+        outcomes.setdefault(role, "running")
     return outcomes
+
+
+def listened(ports) -> list[int]:
+    """Those of ``ports`` some socket on this machine listens on (any local address)."""
+    wanted = set(ports)
+    if not wanted:
+        return []
+    found = {conn.laddr.port for conn in psutil.net_connections(kind="tcp")
+             if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port in wanted}
+    return sorted(found)
+
+
+def deployment_process(directory: Path, role: str, ports) -> psutil.Process | None:
+    """The live process of this deployment's ``role`` when its record cannot name it, or None.
+
+    Only a process that proves itself the role of *this* twin: its stdout or stderr is this
+    directory's ``<role>.log`` (the launcher opens it for the role and for no one else), its
+    command line is the role's (``-m forensics.twin.<role>``) or bears the role's title, and it
+    listens on one of ``ports`` (the launcher hands each role its sockets at birth).
+    """
+    log = str(log_file(directory, role).resolve())
+    wanted = set(ports)
+    listeners = {conn.pid for conn in psutil.net_connections(kind="tcp")
+                 if conn.status == psutil.CONN_LISTEN and conn.pid and conn.laddr and conn.laddr.port in wanted}
+    for pid in sorted(listeners):
+        try:
+            proc = psutil.Process(pid)
+            outputs = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in (1, 2)}
+            cmdline = proc.cmdline()
+        except (OSError, psutil.Error):
+            continue
+        shown = " ".join(part for part in cmdline if part).strip()
+        named = cmdline[1:3] == ["-m", f"forensics.twin.{role}"] or shown == ROLE_TITLES[role]
+        if log in outputs and named:
+            return proc
+    return None
 
 
 def _signal(proc: psutil.Process, sig: int) -> None:
