@@ -163,8 +163,10 @@ class SSHHost(Host):
             client.close()
             raise
         except _NETWORK_ERRORS as exc:
+            transport = client.get_transport()
+            silent = "SSH protocol banner" in str(exc) or (transport is not None and not transport.remote_version)
             client.close()
-            if "SSH protocol banner" in str(exc):
+            if silent:  # paramiko's own words vary with which of its waits gave up first
                 raise Unreachable(f"{self.name} ({host_label}) accepted the connection but sent no SSH banner within "
                                   f"{self.connect_timeout:g} s (not an SSH server, or its sshd is stuck)") from None
             raise Unreachable(f"cannot reach {host_label}: {_one_line(exc)}") from exc
