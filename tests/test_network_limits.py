@@ -260,3 +260,73 @@ def test_a_host_that_accepts_and_never_speaks_is_one_clear_reason_and_no_traceba
     # One wait for the host, not one per piece: every later piece is told at once.
     assert len(held) == 1, f"{len(held)} connections to the silent host"
     assert elapsed < 30, elapsed
+
+
+@pytest.fixture
+def stuck_sshd(tmp_path):
+    """A real SSH server (paramiko's, on 127.0.0.1) that authenticates any key, opens sessions and never
+    answers an exec request: what a stuck sshd looks like from the client."""
+    import paramiko
+
+    host_key = paramiko.RSAKey.generate(2048)
+    client_key = paramiko.RSAKey.generate(2048)
+    client_key.write_private_key_file(str(tmp_path / "id_rsa"))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    (tmp_path / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_key.get_name()} {host_key.get_base64()}\n")
+    release = threading.Event()
+    transports: list = []
+
+    class Stuck(paramiko.ServerInterface):
+        def get_allowed_auths(self, username):
+            return "publickey"
+
+        def check_auth_publickey(self, username, key):
+            return paramiko.AUTH_SUCCESSFUL
+
+        def check_channel_request(self, kind, chanid):
+            return paramiko.OPEN_SUCCEEDED
+
+        def check_channel_exec_request(self, channel, command):
+            release.wait(60)  # never answers while the test runs
+            return False
+
+    def serve() -> None:
+        listener.settimeout(0.2)
+        while not release.is_set():
+            try:
+                conn = listener.accept()[0]
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            transport = paramiko.Transport(conn)
+            transport.add_server_key(host_key)
+            transport.start_server(server=Stuck())
+            transports.append(transport)
+
+    thread = threading.Thread(target=serve, name="stuck-sshd", daemon=True)
+    thread.start()
+    yield port, tmp_path
+    release.set()
+    thread.join(5)
+    for transport in transports:
+        transport.close()
+    listener.close()
+
+
+def test_a_command_the_sshd_never_starts_ends_by_the_connect_timeout(stuck_sshd):
+    from forensics.hosts import SSHHost, State
+
+    port, folder = stuck_sshd
+    host = SSHHost("127.0.0.1", port=port, user="ops", key_filename=str(folder / "id_rsa"),
+                   known_hosts=str(folder / "known_hosts"), ssh_config="/dev/null", allow_agent=False,
+                   connect_timeout=2, name="stuck")
+    try:
+        result, elapsed = _bounded_call(lambda: host.run(["true"], timeout=5), 30)
+    finally:
+        host.close()
+    assert result.state is State.DISCONNECTED and elapsed < 10, (result, elapsed)
+    assert result.error == "stuck opened the session but did not start the command within 2 s (its sshd is stuck)"

@@ -195,13 +195,25 @@ class SSHHost(Host):
                 stderr=err.value() if err else b"", truncated=bool(err and err.truncated), command_line=line,
             )
 
+        unanswered = threading.Event()
         try:
             transport = self.connect()
             chan = transport.open_session(timeout=self.connect_timeout)
-            chan.exec_command(line)
+            # paramiko waits for the answer to the exec request with no timeout: a server that
+            # opened the session and never answers would hold this command (and its caller) for ever.
+            watchdog = threading.Timer(self.connect_timeout, lambda: (unanswered.set(), chan.close()))
+            watchdog.daemon = True
+            watchdog.start()
+            try:
+                chan.exec_command(line)
+            finally:
+                watchdog.cancel()
         except Unreachable as exc:
             return disconnected(str(exc))
         except _NETWORK_ERRORS as exc:
+            if unanswered.is_set():
+                return disconnected(f"{self.name} opened the session but did not start the command within "
+                                    f"{self.connect_timeout:g} s (its sshd is stuck)")
             return disconnected(f"{type(exc).__name__}: {_one_line(exc)}")
         local_deadline = start + timeout + KILL_AFTER_S + GRACE_S
         err = CappedBuffer(max_stderr)
