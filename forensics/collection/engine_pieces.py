@@ -117,7 +117,7 @@ class Sampling:
                 if len(group) == everything:
                     result.gaps.append(_metrics_gap(str(engine), group))
             for name in self.scraper.stuck:
-                result.gaps.append(Gap("metrics", name.removeprefix("metrics-scraper-"),
+                result.gaps.append(Gap("metrics", name,
                                        "a /metrics scrape was still running when the collection ended "
                                        "(its rows so far are kept)", partial=True))
         elif "metrics" in options.pieces:

@@ -500,7 +500,7 @@ class MetricsScraper:
         self.max_scrapes = max_scrapes
         ReadLimits(self.timeout_s, max_bytes)  # refuses a bad cap here, not in every scrape
         self.max_bytes = max_bytes
-        self.stuck: list[str] = []  # threads still scraping after stop() waited for them
+        self.stuck: list[str] = []  # the hosts of targets still scraping after stop() waited for them
         self._stop = threading.Event()
         self._changed = threading.Condition()
         self._scrapes: list[_Scrape] = []
@@ -525,14 +525,14 @@ class MetricsScraper:
         """Stop scraping and join the threads; the scrapes so far, whatever a target does.
 
         A scrape ends by its own deadline, so the join is bounded; a thread still alive after
-        it (name resolution hanging, which no deadline covers) is named in ``stuck`` and left
+        it (name resolution hanging, which no deadline covers) has its host in ``stuck`` and is left
         to end on its own (a daemon thread) rather than losing what the others scraped.
         """
         self._stop.set()
         ends = time.monotonic() + self.timeout_s + 10.0
         for thread in self._threads:
             thread.join(max(0.0, ends - time.monotonic()))
-        self.stuck = [t.name for t in self._threads if t.is_alive()]
+        self.stuck = [self.targets[i][1] for i, t in enumerate(self._threads) if t.is_alive()]
         self._threads = []
         return self.result()
 
