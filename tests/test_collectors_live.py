@@ -18,9 +18,9 @@ import sys
 import time
 import uuid
 
-import httpx
 import psutil
 import pytest
+from http_helpers import RoutesServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -267,8 +267,7 @@ def test_twin_server_info_and_loads(twin):
     assert {c: str(t) for c, t in frame.dtypes.items()} == es.LOADS_SCHEMA
     assert frame["mode"].tolist() == ["prefill"] and frame["prefill_bootstrap_queue_reqs"].tolist() == [0]
     # A route 0.5.15 does not register is 404 on the twin too: the collector says "not served".
-    with httpx.Client(timeout=5, trust_env=False) as client:
-        missing = es._first(client, twin.prefill, ("/no_such_route",), {}, [])
+    missing = es._first(twin.prefill, ("/no_such_route",), {}, [], es.JSON_LIMITS)
     assert missing[0] == "not_served"
 
 
@@ -296,13 +295,16 @@ def test_unreachable_engine():
     assert all(g.state == "unreachable" and "unreachable" in g.reason for g in state.gaps)
 
 
-def _mock(routes: dict[str, tuple[int, str]]) -> httpx.Client:
-    def handler(request: httpx.Request) -> httpx.Response:
-        path = request.url.raw_path.decode()
-        status, body = routes.get(path, (404, '{"detail":"Not Found"}'))
-        return httpx.Response(status, text=body)
+@pytest.fixture(scope="module")
+def engine_http():
+    """``serve(routes)``: a real HTTP server on 127.0.0.1 answering ``routes``; its host:port.
 
-    return httpx.Client(transport=httpx.MockTransport(handler))
+    One server for the module: the property test below asks it 150 times."""
+    with RoutesServer({}) as server:
+        def serve(routes: dict[str, tuple[int, str]]) -> str:
+            server.routes = dict(routes)
+            return server.url.removeprefix("http://")
+        yield serve
 
 
 LOADS_0515 = {  # the shape of sglang 0.5.15's /v1/loads?include=disagg (load_snapshot.to_dict)
@@ -320,11 +322,11 @@ LOADS_0515 = {  # the shape of sglang 0.5.15's /v1/loads?include=disagg (load_sn
 }
 
 
-def test_loads_frame_exact_and_old_names_and_bad_json():
+def test_loads_frame_exact_and_old_names_and_bad_json(engine_http):
     info = json.dumps({"version": "0.5.15", "api_key": SECRET_ARG, "admin_api_key": None,
                        "disaggregation_transfer_backend": "nixl", "internal_states": [{}]})
-    with _mock({"/server_info": (200, info), "/v1/loads?include=disagg": (200, json.dumps(LOADS_0515))}) as client:
-        state = es.read_engine_state("http://engine:30000", engine="prefill", client=client)
+    where = engine_http({"/server_info": (200, info), "/v1/loads?include=disagg": (200, json.dumps(LOADS_0515))})
+    state = es.read_engine_state(f"http://{where}", engine="prefill")
     assert state.status == {"server_info": "ok", "loads": "ok"} and not state.gaps
     frame = state.loads
     assert {c: str(t) for c, t in frame.dtypes.items()} == es.LOADS_SCHEMA
@@ -335,14 +337,13 @@ def test_loads_frame_exact_and_old_names_and_bad_json():
 
     old = {"/get_server_info": (200, '{"version": "0.5.9"}'),
            "/get_load": (200, '[{"dp_rank": 0, "num_reqs": 1, "num_waiting_reqs": 1, "num_tokens": 5}]')}
-    with _mock(old) as client:
-        state = es.read_engine_state("http://engine:30000", engine="decode", client=client)
+    state = es.read_engine_state(f"http://{engine_http(old)}", engine="decode")
     assert state.endpoints == {"server_info": "/get_server_info", "loads": "/get_load"}
     assert state.loads["decode_transfer_queue_reqs"].isna().all()
     assert state.gaps[0].partial and "no disaggregation queue columns" in state.gaps[0].reason
 
-    with _mock({"/server_info": (200, "<html>oops"), "/v1/loads?include=disagg": (500, "boom")}) as client:
-        state = es.read_engine_state("http://engine:30000", engine="decode", client=client)
+    where = engine_http({"/server_info": (200, "<html>oops"), "/v1/loads?include=disagg": (500, "boom")})
+    state = es.read_engine_state(f"http://{where}", engine="decode")
     assert state.status == {"server_info": "bad_json", "loads": "http_error"}
     assert [g.state for g in state.gaps] == ["bad_json", "http_error"]
 
@@ -440,7 +441,7 @@ def test_ordinary_names_keep_their_values(name, value):
 
 @PROPS
 @given(secret_names(), secret_values, secret_values)
-def test_no_secret_survives_any_collector_output(name, value, url_pass):
+def test_no_secret_survives_any_collector_output(engine_http, name, value, url_pass):
     secrets = (value, url_pass)
     flag = "--" + name.lower().replace("_", "-")
     doc = {"btime": 1796000000, "clk_tck": 100, "self": 1, "procs": [
@@ -457,8 +458,8 @@ def test_no_secret_survives_any_collector_output(name, value, url_pass):
     assert env[env_name] == REDACTED
     info = {"version": "0.5.15", name: value, "api_key": value, "disaggregation_transfer_backend": "nixl",
             "disaggregation_bootstrap_url": f"http://u:{url_pass}@h/", "internal_states": [{name: value}]}
-    with _mock({"/server_info": (200, json.dumps(info))}) as client:
-        state = es.read_engine_state(f"http://u:{url_pass}@engine:30000", engine="prefill", client=client)
+    where = engine_http({"/server_info": (200, json.dumps(info))})
+    state = es.read_engine_state(f"http://u:{url_pass}@{where}", engine="prefill")
     _assert_no_secret(_outputs(state), secrets)
     s = sc.collect_settings("prefill", state=state)
     s.rows += [{"engine": "prefill", "source": "env", "name": k, "value": v} for k, v in env.items()]

@@ -367,16 +367,19 @@ def test_the_inventorys_prometheus_gives_the_same_queue_series_as_the_scraper(tw
 
 
 @pytest.mark.timeout(300)
-def test_watch_command_prints_one_json_line_per_change_and_exits_with_the_last_verdict(twin, sshd, tmp_path,
+def test_watch_command_prints_one_json_line_per_change_then_a_final_line_and_exits_with_the_last_verdict(twin, sshd, tmp_path,
                                                                                         leak_guard):
     ensure_healthy(twin)
     _allow_restarted(twin, leak_guard)
     inventory = ssh_inventory(twin, sshd, tmp_path / "watch-cli.toml")
     status, out, err = invoke("watch", "--inventory", str(inventory), "--for", "6s", "--json")
     lines = [json.loads(line) for line in out.splitlines()]
-    assert lines, err
-    assert all(list(doc)[:2] == ["status", "exit"] and doc["change"] for doc in lines)
-    assert [doc["verdict"] for doc in lines][-1] == "HEALTHY" and status == 0
+    assert len(lines) >= 2, err
+    assert all(list(doc)[:2] == ["status", "exit"] for doc in lines)
+    assert all(doc["change"] for doc in lines[:-1])  # JSON Lines: one per change, then the final line
+    final = lines[-1]
+    assert final["final"] and not final["change"] and final["changes"] == len(lines) - 1
+    assert [doc["verdict"] for doc in lines][-2:] == ["HEALTHY", "HEALTHY"] and final["exit"] == status == 0
     # Not a terminal: one plain line per change, "TIME OLD -> NEW: first reason".
     status, out, _ = invoke("watch", "--inventory", str(inventory), "--for", "6s")
     changes = out.splitlines()

@@ -29,7 +29,9 @@ import click
 
 from forensics.exitcodes import ExitStatus, ForensicsError, status_word
 
-_state = {"emitted": False}  # whether this command printed its one --json document
+# emitted: whether this command printed its one --json document (or its first JSON line);
+# lines: whether it is a JSON Lines command (watch), whose last line must carry its real status.
+_state = {"emitted": False, "lines": False}
 
 
 def wants_json(argv: list[str]) -> bool:
@@ -74,13 +76,18 @@ def _probes_left_open() -> dict:
 
 
 def emit_line(doc: dict) -> None:
-    """One JSON line of a streaming command (``watch --json``): the lines stand for its document."""
+    """One JSON line of a streaming command (``watch --json``): the lines stand for its document.
+
+    The last line of such a command is always ``"final": true`` with the command's own
+    ``status`` and ``exit`` (:func:`conclude_lines`, or the error paths of :func:`run`).
+    """
     from forensics.cli.render import encode_json
 
     if "status" not in doc or "exit" not in doc:
         raise ValueError("a --json line needs 'status' and 'exit'")  # a bug in the command
     data = encode_json(doc, indent=0)  # JSON Lines: one document per line
     _state["emitted"] = True
+    _state["lines"] = True
     sys.stdout.buffer.write(data + b"\n") if hasattr(sys.stdout, "buffer") else sys.stdout.write(
         data.decode() + "\n")
     sys.stdout.flush()
@@ -94,6 +101,14 @@ def conclude(as_json: bool, status: int, doc: dict, human: Callable[[], None] | 
         emit(document(status, word, **doc))
     elif human is not None:
         human()
+    sys.exit(int(status))
+
+
+def conclude_lines(as_json: bool, status: int, doc: dict, word: str | None = None) -> NoReturn:
+    """End a JSON Lines command: under ``--json`` one last line, ``"final": true``, with the status it exits with."""
+    status = ExitStatus(int(status))
+    if as_json:
+        emit_line(document(status, word, final=True, **doc))
     sys.exit(int(status))
 
 
@@ -142,7 +157,12 @@ def save_crash(exc: BaseException, argv: list[str]) -> Path | None:
 
 
 def _finish_error(as_json: bool, status: int, word: str, line: str, kind: str) -> NoReturn:
-    if as_json and not _state["emitted"]:
+    if as_json and _state["lines"]:
+        try:  # a JSON Lines command: its last line says how it really ended
+            emit_line(document(status, word, final=True, error=line, kind=kind))
+        except Exception:  # noqa: BLE001 - the status below must still be right
+            pass
+    elif as_json and not _state["emitted"]:
         try:
             emit(document(status, word, error=line, kind=kind))
         except Exception:  # noqa: BLE001 - the status below must still be right
@@ -157,8 +177,12 @@ PROBING_COMMANDS = ("collect", "diagnose", "watch", "storm", "validate", "demo")
 TERMINATED = 128 + 15
 
 
+class Terminated(SystemExit):
+    """A SIGTERM, ended like an interrupt: through the exit (atexit hooks run), its status 143."""
+
+
 def _terminate(signum, frame) -> NoReturn:
-    raise SystemExit(TERMINATED)
+    raise Terminated(TERMINATED)
 
 
 def _prepare_probing(args: list[str]) -> None:
@@ -182,10 +206,14 @@ def run(group: click.Group, argv: list[str] | None = None) -> NoReturn:
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = wants_json(args)
     _state["emitted"] = False
+    _state["lines"] = False
     if argv is None:  # a real command line (not a test calling in-process): it owns the process's signals
         _prepare_probing(args)
     try:
         returned = group.main(args=args, prog_name="forensics", standalone_mode=False)
+    except Terminated:
+        click.echo("forensics: terminated (SIGTERM)", err=True)
+        _finish_error(as_json, TERMINATED, "interrupted", "terminated (SIGTERM)", "SIGTERM")
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else ExitStatus.INTERNAL)
         if as_json and not _state["emitted"]:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from forensics.cli.contract import conclude, emit_line
+from forensics.cli.contract import conclude_lines, emit_line
 from forensics.cli.live_options import inventory_option, json_option, positive_seconds
 
 
@@ -21,6 +21,8 @@ def command(inventory, for_s, interval_s, as_json) -> None:
     """Probe and sample continuously; print every verdict change (one JSON line each with --json).
 
     Exits with the last verdict's status (0 HEALTHY, 1 WEDGED/DEGRADED/DOWN, 3 INCONCLUSIVE).
+    --json prints JSON Lines: one line per change, then a last line with "final": true whose
+    status and exit are the command's own (an error or Ctrl-C included).
     """
     import threading
 
@@ -30,6 +32,7 @@ def command(inventory, for_s, interval_s, as_json) -> None:
     if inventory is None:
         raise UsageProblem("watch needs --inventory FILE (a twin's is printed by 'forensics twin up')")
     stop = threading.Event()
+    changes = [0]
     live_display = None
     if sys.stdout.isatty() and not as_json:
         from rich.live import Live
@@ -43,6 +46,7 @@ def command(inventory, for_s, interval_s, as_json) -> None:
         return f"{verdict.at} {previous.verdict if previous else '-'} -> {verdict.verdict}: {reason}"
 
     def on_change(verdict, previous) -> None:
+        changes[0] += 1
         if as_json:
             doc = {"status": verdict.status, "exit": int(verdict.exit_status), "change": True,
                    "previous": previous.verdict if previous else None, **verdict.to_dict()}
@@ -65,5 +69,6 @@ def command(inventory, for_s, interval_s, as_json) -> None:
     except KeyboardInterrupt:
         stop.set()
         raise
-    # The per-change lines were the output; the exit status is the last verdict's.
-    conclude(False, last.exit_status if last else 3, {}, None)
+    # The per-change lines were the output; the exit status is the last verdict's, and so is the final line's.
+    final = {"change": False, "changes": changes[0], **(last.to_dict() if last else {"verdict": None})}
+    conclude_lines(as_json, last.exit_status if last else 3, final, word=last.status if last else None)

@@ -81,7 +81,8 @@ class Sampling:
             # one host (the twin, a node with prefill and decode) stay apart.
             targets = [(e.role, e.name, e.url) for e in inventory.engines if e.role in ("prefill", "decode")]
             if targets:
-                self.scraper = MetricsScraper(targets, options.metrics_interval_s).start()
+                self.scraper = MetricsScraper(targets, options.metrics_interval_s,
+                                              max_bytes=options.metrics_max_bytes).start()
         return self
 
     def wait(self, seconds: float) -> None:
@@ -114,15 +115,30 @@ class Sampling:
             for engine, group in failed.groupby("host"):
                 everything = (series.scrapes_frame()["host"] == engine).sum()
                 if len(group) == everything:
-                    result.gaps.append(Gap("metrics", str(engine), f"every /metrics scrape failed "
-                                           f"({group['error'].iloc[-1]})",
-                                           "start sglang with --enable-metrics, and check the URL in the inventory"))
+                    result.gaps.append(_metrics_gap(str(engine), group))
+            for name in self.scraper.stuck:
+                result.gaps.append(Gap("metrics", name,
+                                       "a /metrics scrape was still running when the collection ended "
+                                       "(its rows so far are kept)", partial=True))
         elif "metrics" in options.pieces:
             result.gaps.append(Gap("metrics", self.inventory.name, "no prefill or decode engine to scrape"))
         if self.runner is not None:
             probes = self.runner.stop(timeout=options.drain_s)
             result.add("probes", probes.frame)
         return result
+
+
+def _metrics_gap(engine: str, failed: pd.DataFrame) -> Gap:
+    """The gap for an engine whose every scrape failed: the URL, the last reason, and what to do."""
+    url, error = str(failed["url"].iloc[-1]), str(failed["error"].iloc[-1])
+    error = error.removeprefix(f"{url}: ")
+    if "total deadline" in error or " cap" in error:
+        fix = ("the engine's HTTP server answers /metrics too slowly or with too much: check its load; "
+               "the limits are fx.collect's metrics_interval_s (deadline 5 x interval, 1 to 10 s) and "
+               "metrics_max_bytes")
+    else:
+        fix = "start sglang with --enable-metrics, and check the URL in the inventory"
+    return Gap("metrics", engine, f"every /metrics scrape of {url} failed ({error})", fix)
 
 
 # ------------------------------------------------------------------------ prometheus
@@ -137,7 +153,7 @@ PROMETHEUS_METRICS = (
 PROMETHEUS_POINTS = 720  # per series over the window (step = window / this, at least 1 s)
 
 
-def prometheus_history(inventory, bounds) -> PieceResult:
+def prometheus_history(inventory, bounds, options) -> PieceResult:
     """The PD series over the log window from the inventory's Prometheus server, when it names one."""
     result = PieceResult()
     if not inventory.prometheus:
@@ -147,7 +163,7 @@ def prometheus_history(inventory, bounds) -> PieceResult:
     end = bounds.until if bounds.until is not None else pd.Timestamp.now(tz="UTC")
     start = bounds.since if bounds.since is not None else end - pd.Timedelta(minutes=30)
     step = max(1.0, (end - start).total_seconds() / PROMETHEUS_POINTS)
-    api = PrometheusAPI(inventory.prometheus)
+    api = PrometheusAPI(inventory.prometheus, max_bytes=options.prometheus_max_bytes)
     frames = []
     for metric in PROMETHEUS_METRICS:
         try:
@@ -295,7 +311,7 @@ def _engine_state(engine, options, result: PieceResult):
     from forensics.collectors.engine_state import read_engine_state
 
     state = read_engine_state(engine.url, engine=engine.name, timeout=min(10.0, options.command_timeout_s),
-                              loads=engine.role != "router")
+                              loads=engine.role != "router", max_bytes=options.json_max_bytes)
     # An endpoint the release does not serve is a fact about the release, not a gap in the evidence.
     result.gaps.extend(g for g in state.gaps if state.status.get(g.piece) != "not_served")
     info = state.server_info

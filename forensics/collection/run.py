@@ -27,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 
+from forensics.collectors.bounded_http import JSON_LIMITS, METRICS_LIMITS, PROMETHEUS_LIMITS
 from forensics.evidence import Evidence, Gap
 from forensics.exitcodes import ExitStatus
 
@@ -51,6 +52,10 @@ class CollectOptions:
     workers: int = 16
     command_timeout_s: float = 30.0
     tz: str = "UTC"  # how to read log times without a zone
+    # Byte caps of the HTTP answers read (each also has a total deadline: forensics.collectors.bounded_http).
+    metrics_max_bytes: int = METRICS_LIMITS.max_bytes  # one /metrics page
+    json_max_bytes: int = JSON_LIMITS.max_bytes  # /server_info, /v1/loads and their old names
+    prometheus_max_bytes: int = PROMETHEUS_LIMITS.max_bytes  # one Prometheus API answer
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -142,7 +147,7 @@ def collect(target: Any, *, options: CollectOptions | None = None, progress: Pro
     if "metrics" in options.pieces and inventory.prometheus:
         # After the sampling: the history then covers the whole collection, up to our last scrape.
         total += 1
-        keep(engine_pieces.prometheus_history(inventory, bounds), "Prometheus history")
+        keep(engine_pieces.prometheus_history(inventory, bounds, options), "Prometheus history")
     merged = {name: _concat(parts) for name, parts in frames.items()}
     merged["engines"] = engines_frame(inventory)
     deployment = {

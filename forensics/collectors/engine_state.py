@@ -1,13 +1,16 @@
 """An engine's own account of itself: ``/server_info`` and ``/v1/loads?include=disagg`` over HTTP.
 
 Both are GETs, so a short timeout that closes them early is harmless (unlike a generation
-request, whose close is an abort). Old releases are asked the deprecated names too:
+request, whose close is an abort). Each answer is read within a total deadline and a byte
+cap (:mod:`forensics.collectors.bounded_http`). Old releases are asked the deprecated names too:
 ``/get_server_info`` (every 0.5.x) and ``/get_load`` (no disaggregation columns).
 
 Each endpoint ends in one of these states, kept distinct in :attr:`EngineState.status`
 and in the gaps: ``ok``; ``not_served`` (404 on every name: this release does not have
-it); ``unreachable`` (no connection); ``timed_out``; ``http_error`` (any other status,
-401/403 included); ``bad_json`` (an answer that is not the JSON expected).
+it); ``unreachable`` (no connection); ``timed_out`` (no whole answer within the total
+deadline: a stalled or trickling server); ``too_large`` (an answer over the byte cap);
+``http_error`` (any other status, 401/403 included, or no HTTP at all); ``bad_json`` (an
+answer that is not the JSON expected).
 
 The server info is redacted as it is read (sglang's server args carry ``api_key`` and
 ``admin_api_key``); the loads become a frame of :data:`LOADS_SCHEMA`, one row per DP rank,
@@ -17,6 +20,7 @@ queue lengths exact as Int64. Schemas in docs/settings.md.
 from __future__ import annotations
 
 import html
+import http.client
 import json
 import time
 from dataclasses import dataclass, field
@@ -26,6 +30,9 @@ import pandas as pd
 
 from forensics.evidence import Gap
 from forensics.redact import redact_text, redact_value
+
+from . import bounded_http
+from .bounded_http import JSON_LIMITS, AnswerTooLarge, AnswerTooSlow, ReadLimits
 
 __all__ = [
     "DISAGG_INT_COLUMNS",
@@ -185,30 +192,33 @@ def loads_frame(payload: Any, *, engine: str = "", url: str = "", endpoint: str 
 # -------------------------------------------------------------------------------------- HTTP
 
 
-def _get(client, base: str, path: str, headers: dict[str, str], requests: list) -> tuple[str, Any, str]:
+def _get(base: str, path: str, headers: dict[str, str], requests: list, limits: ReadLimits,
+         ) -> tuple[str, Any, str]:
     """(outcome, parsed JSON or None, detail) for one GET; outcome as in the module docstring."""
-    import httpx
-
     url = base.rstrip("/") + path
     start = time.monotonic()
     record: dict[str, Any] = {"url": redact_text(url), "status": None}
     try:
-        response = client.get(url, headers=headers)
-    except httpx.TimeoutException as exc:
-        outcome, body, detail = "timed_out", None, f"{type(exc).__name__}"
-    except (httpx.TransportError, OSError) as exc:
+        answer = bounded_http.get(url, limits=limits, headers=headers)
+    except AnswerTooSlow as exc:
+        outcome, body, detail = "timed_out", None, redact_text(str(exc))
+    except AnswerTooLarge as exc:
+        outcome, body, detail = "too_large", None, redact_text(str(exc))
+    except OSError as exc:
         outcome, body, detail = "unreachable", None, redact_text(f"{type(exc).__name__}: {exc}")
+    except http.client.HTTPException as exc:
+        outcome, body, detail = "http_error", None, redact_text(f"no HTTP answer ({type(exc).__name__}: {exc})")
     else:
-        record["status"] = response.status_code
-        if response.status_code == 404:
+        record["status"] = answer.status
+        if answer.status == 404:
             outcome, body, detail = "not_served", None, "404"
-        elif response.status_code != 200:
+        elif answer.status != 200:
             outcome, body = "http_error", None
-            detail = f"HTTP {response.status_code}" + (
-                " (the engine wants an API key: pass api_key=...)" if response.status_code in (401, 403) else "")
+            detail = f"HTTP {answer.status}" + (
+                " (the engine wants an API key: pass api_key=...)" if answer.status in (401, 403) else "")
         else:
             try:
-                body = response.json()
+                body = answer.json()
                 outcome, detail = "ok", ""
             except ValueError as exc:
                 outcome, body, detail = "bad_json", None, f"not JSON: {str(exc)[:200]}"
@@ -217,12 +227,12 @@ def _get(client, base: str, path: str, headers: dict[str, str], requests: list) 
     return outcome, body, detail
 
 
-def _first(client, base: str, paths: tuple[str, ...], headers: dict[str, str], requests: list,
+def _first(base: str, paths: tuple[str, ...], headers: dict[str, str], requests: list, limits: ReadLimits,
            ) -> tuple[str, Any, str, str]:
     """Try each path in turn while the answer is 404; (outcome, body, detail, path)."""
     outcome, body, detail, path = "not_served", None, "", paths[0]
     for path in paths:
-        outcome, body, detail = _get(client, base, path, headers, requests)
+        outcome, body, detail = _get(base, path, headers, requests, limits)
         if outcome != "not_served":
             break
     return outcome, body, detail, path
@@ -236,8 +246,9 @@ def _gap(piece: str, target: str, outcome: str, detail: str, url: str, paths: tu
                        "nothing to fix: an older (or newer) sglang without this endpoint"),
         "unreachable": (f"unreachable: {shown} ({detail})",
                         "check the engine runs and the url in the inventory (and that this machine can reach it)"),
-        "timed_out": (f"no answer from {shown} within the timeout ({detail})",
-                      "the engine's HTTP server is stuck or overloaded; retry with a longer timeout"),
+        "timed_out": (detail, "the engine's HTTP server is stuck, overloaded or answering a byte at a time; "
+                              "retry with a longer timeout"),
+        "too_large": (detail, "not what sglang serves here: check the URL in the inventory (or raise max_bytes)"),
         "http_error": (f"{shown.rstrip('/')}{path or paths[0]} answered {detail}", None),
         "bad_json": (f"bad JSON from {shown}: {detail}", None),
     }
@@ -252,51 +263,45 @@ def read_engine_state(
     timeout: float = DEFAULT_TIMEOUT_S,
     api_key: str | None = None,
     loads: bool = True,
-    client: Any = None,
+    max_bytes: int = JSON_LIMITS.max_bytes,
 ) -> EngineState:
     """``/server_info`` and ``/v1/loads?include=disagg`` of the engine at ``url`` (each with its old name).
 
-    ``api_key`` is sent as ``Authorization: Bearer`` and recorded nowhere. ``client``: an
-    ``httpx.Client`` to reuse (its own timeout applies), else one is made with ``timeout``.
+    ``api_key`` is sent as ``Authorization: Bearer`` and recorded nowhere. ``timeout`` bounds
+    each answer as a whole (wall clock, connect included) and ``max_bytes`` its body: an
+    engine that answers a byte at a time, or with too much, is a gap saying which limit.
     """
-    import httpx
-
+    limits = ReadLimits(float(timeout), max_bytes)
     target = f"{engine} ({redact_text(url)})" if engine else redact_text(url)
     state = EngineState(engine=engine, url=redact_text(url))
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    own = client is None
-    client = client or httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False)
-    try:
-        outcome, body, detail, path = _first(client, url, SERVER_INFO_ENDPOINTS, headers, state.requests)
-        if outcome == "ok" and not isinstance(body, dict):
-            outcome, detail = "bad_json", f"expected a JSON object, got {type(body).__name__}"
-        state.status["server_info"] = outcome
-        if outcome == "ok":
-            state.server_info = redact_value(body)
-            state.endpoints["server_info"] = path
-        else:
-            state.gaps.append(_gap("server_info", target, outcome, detail, url, SERVER_INFO_ENDPOINTS, path))
-        if not loads:
-            return state
-        if outcome in ("unreachable", "timed_out"):  # the same server: do not wait twice
-            state.status["loads"] = outcome
-            state.gaps.append(_gap("loads", target, outcome, detail, url, LOADS_ENDPOINTS))
-            return state
-        outcome, body, detail, path = _first(client, url, LOADS_ENDPOINTS, headers, state.requests)
-        if outcome == "ok":
-            try:
-                state.loads = loads_frame(body, engine=engine, url=state.url, endpoint=path)
-            except (ValueError, TypeError) as exc:
-                outcome, detail = "bad_json", str(exc)
+    outcome, body, detail, path = _first(url, SERVER_INFO_ENDPOINTS, headers, state.requests, limits)
+    if outcome == "ok" and not isinstance(body, dict):
+        outcome, detail = "bad_json", f"expected a JSON object, got {type(body).__name__}"
+    state.status["server_info"] = outcome
+    if outcome == "ok":
+        state.server_info = redact_value(body)
+        state.endpoints["server_info"] = path
+    else:
+        state.gaps.append(_gap("server_info", target, outcome, detail, url, SERVER_INFO_ENDPOINTS, path))
+    if not loads:
+        return state
+    if outcome in ("unreachable", "timed_out"):  # the same server: do not wait twice
         state.status["loads"] = outcome
-        if outcome == "ok":
-            state.endpoints["loads"] = path
-            if path != LOADS_ENDPOINTS[0]:
-                state.gaps.append(Gap("loads", target, f"only {path} is served: no disaggregation queue columns",
-                                      partial=True, state="not_served"))
-        else:
-            state.gaps.append(_gap("loads", target, outcome, detail, url, LOADS_ENDPOINTS, path))
-    finally:
-        if own:
-            client.close()
+        state.gaps.append(_gap("loads", target, outcome, f"not asked: {detail}", url, LOADS_ENDPOINTS))
+        return state
+    outcome, body, detail, path = _first(url, LOADS_ENDPOINTS, headers, state.requests, limits)
+    if outcome == "ok":
+        try:
+            state.loads = loads_frame(body, engine=engine, url=state.url, endpoint=path)
+        except (ValueError, TypeError) as exc:
+            outcome, detail = "bad_json", str(exc)
+    state.status["loads"] = outcome
+    if outcome == "ok":
+        state.endpoints["loads"] = path
+        if path != LOADS_ENDPOINTS[0]:
+            state.gaps.append(Gap("loads", target, f"only {path} is served: no disaggregation queue columns",
+                                  partial=True, state="not_served"))
+    else:
+        state.gaps.append(_gap("loads", target, outcome, detail, url, LOADS_ENDPOINTS, path))
     return state

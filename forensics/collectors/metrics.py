@@ -22,7 +22,6 @@ import time
 import tomllib
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -31,6 +30,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from . import bounded_http
+from .bounded_http import METRICS_LIMITS, LimitExceeded, ReadLimits
 
 __all__ = [
     "SAMPLES_SCHEMA",
@@ -141,6 +143,9 @@ _SAMPLE_RE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[
 _LABEL_RE = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|$)')
 _UNESCAPE_RE = re.compile(r"\\(.)")
 _UNESCAPES = {"n": "\n", '"': '"', "\\": "\\"}
+# A sample line longer than this is refused (the scrape fails naming it): sglang's longest are a
+# few hundred characters, and one 10 MB label value, kept in every scrape's rows, cost 1.9 GB.
+MAX_SAMPLE_LINE = 64 * 1024
 
 
 class ExpositionParseError(ValueError):
@@ -321,6 +326,9 @@ def parse_exposition(text: str | bytes, *, cache: _ParseCache | None = None) -> 
                     raise ExpositionParseError(lineno, line, "bad TYPE line")
                 types[parts[2]] = parts[3]
             continue
+        if len(line) > MAX_SAMPLE_LINE:
+            raise ExpositionParseError(lineno, line, f"a sample line of {len(line)} characters, over the "
+                                                     f"{MAX_SAMPLE_LINE} limit")
         m = match(line)
         if m is None:
             if line.isspace():
@@ -428,6 +436,8 @@ def redact_url(url: str) -> str:
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, LimitExceeded | _HTTPStatus):
+        return str(exc)
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code} {exc.reason}"
     if isinstance(exc, urllib.error.URLError):
@@ -439,25 +449,31 @@ def _describe(exc: BaseException) -> str:
 
 
 def scrape_once(role: str, host: str, url: str, *, timeout_s: float = 5.0,
-                cache: _ParseCache | None = None) -> _Scrape:
-    """One scrape of one target: a record that says ok or why not (never raises for the target)."""
+                cache: _ParseCache | None = None, max_bytes: int = METRICS_LIMITS.max_bytes) -> _Scrape:
+    """One scrape of one target: a record that says ok or why not (never raises for the target).
+
+    ``timeout_s`` bounds the whole answer (wall clock), ``max_bytes`` its body: a page that
+    trickles or is larger fails the scrape with a reason naming the URL and the limit.
+    """
     target = metrics_url(url)
     ts_ns = time.time_ns()
     started = time.perf_counter()
     status: int | None = None
     try:
-        request = urllib.request.Request(target, headers={"Accept": "text/plain;version=0.0.4"})
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (an engine URL)
-            status = response.status
-            body = response.read()
-        page = parse_exposition(body, cache=cache)
+        answer = bounded_http.get(target, limits=ReadLimits(timeout_s, max_bytes),
+                                  headers={"Accept": "text/plain;version=0.0.4"})
+        status = answer.status
+        if status != 200:
+            raise _HTTPStatus(f"HTTP {status} {answer.reason}".rstrip())
+        page = parse_exposition(answer.body, cache=cache)
     except Exception as exc:  # every failure is evidence: recorded, not raised
-        if isinstance(exc, urllib.error.HTTPError):
-            status = exc.code
-            exc.close()
         return _Scrape(ts_ns, role, host, redact_url(target), False, _describe(exc), status,
                        time.perf_counter() - started, None)
     return _Scrape(ts_ns, role, host, redact_url(target), True, None, status, time.perf_counter() - started, page)
+
+
+class _HTTPStatus(Exception):
+    """Internal: a /metrics answer other than 200 (its message is the scrape's error)."""
 
 
 class MetricsScraper:
@@ -467,10 +483,13 @@ class MetricsScraper:
     /metrics URL. Each target has its own thread (a slow or dead engine never delays another),
     which waits on one ``Event`` between scrapes. Use as a context manager, or ``start()`` and
     ``stop()`` (which joins). ``result()`` gives a :class:`MetricsSeries` at any time.
+    ``timeout_s`` is each scrape's total deadline (the whole answer, wall clock) and
+    ``max_bytes`` its byte cap; a scrape that breaks either is a failed scrape saying so.
     """
 
     def __init__(self, targets: Iterable[Sequence[str]], interval_s: float = 1.0, *,
-                 timeout_s: float | None = None, max_scrapes: int | None = None) -> None:
+                 timeout_s: float | None = None, max_scrapes: int | None = None,
+                 max_bytes: int = METRICS_LIMITS.max_bytes) -> None:
         self.targets = [(str(t[0]), str(t[1]), str(t[2])) for t in targets]
         if not self.targets:
             raise ValueError("no targets to scrape")
@@ -479,6 +498,9 @@ class MetricsScraper:
         self.interval_s = float(interval_s)
         self.timeout_s = float(timeout_s) if timeout_s is not None else max(1.0, min(10.0, 5 * self.interval_s))
         self.max_scrapes = max_scrapes
+        ReadLimits(self.timeout_s, max_bytes)  # refuses a bad cap here, not in every scrape
+        self.max_bytes = max_bytes
+        self.stuck: list[str] = []  # the hosts of targets still scraping after stop() waited for them
         self._stop = threading.Event()
         self._changed = threading.Condition()
         self._scrapes: list[_Scrape] = []
@@ -500,12 +522,17 @@ class MetricsScraper:
         return self
 
     def stop(self) -> MetricsSeries:
+        """Stop scraping and join the threads; the scrapes so far, whatever a target does.
+
+        A scrape ends by its own deadline, so the join is bounded; a thread still alive after
+        it (name resolution hanging, which no deadline covers) has its host in ``stuck`` and is left
+        to end on its own (a daemon thread) rather than losing what the others scraped.
+        """
         self._stop.set()
+        ends = time.monotonic() + self.timeout_s + 10.0
         for thread in self._threads:
-            thread.join(self.timeout_s + 10.0)
-        alive = [t.name for t in self._threads if t.is_alive()]
-        if alive:
-            raise RuntimeError(f"scraper threads did not end: {alive}")
+            thread.join(max(0.0, ends - time.monotonic()))
+        self.stuck = [self.targets[i][1] for i, t in enumerate(self._threads) if t.is_alive()]
         self._threads = []
         return self.result()
 
@@ -524,7 +551,7 @@ class MetricsScraper:
         next_at = time.monotonic()
         done = 0
         while not self._stop.is_set():
-            record = scrape_once(role, host, url, timeout_s=self.timeout_s, cache=cache)
+            record = scrape_once(role, host, url, timeout_s=self.timeout_s, cache=cache, max_bytes=self.max_bytes)
             done += 1
             with self._changed:
                 self._scrapes.append(record)

@@ -14,23 +14,24 @@ two sources compare row by row:
   sample's own time (Prometheus keeps milliseconds), ``type`` from ``/api/v1/metadata``;
 * ``rate`` as the scraper's, between consecutive points of the answer.
 
-A failed query (refused, HTTP error, ``"status": "error"``) raises :class:`PrometheusQueryError`,
-an environment problem (exit 4) naming the server and the reason.
+A failed query (refused, HTTP error, ``"status": "error"``, an answer over its total deadline
+or byte cap) raises :class:`PrometheusQueryError`, an environment problem (exit 4) naming the
+server and the reason.
 """
 
 from __future__ import annotations
 
-import json
+import http.client
 import re
-import urllib.error
 import urllib.parse
-import urllib.request
 from datetime import datetime
 
 import numpy as np
 import pandas as pd
 
 from ..exitcodes import EnvironmentProblem
+from . import bounded_http
+from .bounded_http import PROMETHEUS_LIMITS, LimitExceeded, ReadLimits
 from .metrics import (
     SCRAPES_SCHEMA,
     ExpositionPage,
@@ -73,10 +74,11 @@ def _as_seconds(t: datetime | float | str) -> str:
 class PrometheusAPI:
     """Instant and range queries against a Prometheus server (``http://host:9090``)."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 10.0, role_label: str = "role",
-                 host_label: str = "host") -> None:
+    def __init__(self, base_url: str, *, timeout_s: float = PROMETHEUS_LIMITS.deadline_s, role_label: str = "role",
+                 host_label: str = "host", max_bytes: int = PROMETHEUS_LIMITS.max_bytes) -> None:
         self.base_url = base_url.rstrip("/")
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # each answer's total deadline (wall clock), with max_bytes its byte cap
+        self.limits = ReadLimits(float(timeout_s), max_bytes)
         self.role_label = role_label
         self.host_label = host_label
         self._types: dict[str, str] | None = None
@@ -84,27 +86,33 @@ class PrometheusAPI:
     # transport
     def _get(self, path: str, params: dict[str, str]) -> dict:
         url = f"{self.base_url}{path}?{urllib.parse.urlencode(params)}"
+        where = f"{redact_url(self.base_url)}{path}"
         try:
-            with urllib.request.urlopen(url, timeout=self.timeout_s) as response:  # noqa: S310 (inventory URL)
-                body = json.loads(response.read())
-        except urllib.error.HTTPError as exc:
+            answer = bounded_http.get(url, limits=self.limits)
+        except LimitExceeded as exc:
+            raise PrometheusQueryError(str(exc).replace(exc.url, where, 1)) from None
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            raise PrometheusQueryError(f"{where}: {_describe(exc)}") from None
+        if answer.status != 200:
             try:
-                detail = json.loads(exc.read()).get("error", "")
-            except (ValueError, OSError):
+                detail = answer.json().get("error", "")
+            except (ValueError, AttributeError):
                 detail = ""
-            exc.close()
-            raise PrometheusQueryError(f"{redact_url(self.base_url)}{path}: {_describe(exc)} {detail}".strip()) from None
-        except (OSError, ValueError) as exc:
-            raise PrometheusQueryError(f"{redact_url(self.base_url)}{path}: {_describe(exc)}") from None
+            raise PrometheusQueryError(f"{where}: HTTP {answer.status} {answer.reason} {detail}".strip())
+        try:
+            body = answer.json()
+        except ValueError as exc:
+            raise PrometheusQueryError(f"{where}: not JSON: {str(exc)[:200]}") from None
+        if not isinstance(body, dict):
+            raise PrometheusQueryError(f"{where}: expected a JSON object, got {type(body).__name__}")
         if body.get("status") != "success":
             raise PrometheusQueryError(f"{redact_url(self.base_url)}{path}: {body.get('errorType')}: {body.get('error')}")
         return body["data"]
 
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.base_url}/-/ready", timeout=self.timeout_s) as response:  # noqa: S310
-                return response.status == 200
-        except (OSError, ValueError):
+            return bounded_http.get(f"{self.base_url}/-/ready", limits=self.limits).status == 200
+        except (OSError, ValueError, http.client.HTTPException, LimitExceeded):
             return False
 
     def types(self, refresh: bool = False) -> dict[str, str]:

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import stat
@@ -35,7 +36,14 @@ from .sshconfig import Target, load_config, resolve
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 GRACE_S = 5.0  # beyond the remote deadline + kill-after, before we give up on the channel locally
 
+UNREACHABLE_RETRY_S = 30.0  # a host that could not be reached is not tried again for this long
 _NETWORK_ERRORS = (OSError, EOFError, paramiko.SSHException)
+
+# paramiko's transport thread logs every failed handshake at ERROR with its traceback; with no
+# handler configured anywhere, Python's last-resort handler prints those on stderr (a dozen
+# tracebacks for one silent host). The failure reaches the caller as a ``disconnected`` result
+# naming the host; a program that configures logging still gets paramiko's records.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class Unreachable(Exception):
@@ -72,6 +80,7 @@ class SSHHost(Host):
         self.jump = self._make_jump(jump, config)
         self._lock = threading.Lock()
         self._client: paramiko.SSHClient | None = None
+        self._unreachable: tuple[float, str] | None = None  # (when, why) of the last failed connect
 
     def _make_jump(self, jump: SSHHost | str | bool | None, config) -> SSHHost | None:
         if isinstance(jump, SSHHost):
@@ -103,7 +112,18 @@ class SSHHost(Host):
                     return transport
                 self._client.close()
                 self._client = None
-            self._client = self._open_client()
+            if self._unreachable is not None:
+                # Every piece of a collection asks the same host: one wait for a silent host, not one each.
+                when, why = self._unreachable
+                ago = time.monotonic() - when
+                if ago < UNREACHABLE_RETRY_S:
+                    raise Unreachable(f"{why} (found {ago:.0f} s ago; not tried again for {UNREACHABLE_RETRY_S:g} s)")
+            try:
+                self._client = self._open_client()
+            except Unreachable as exc:
+                self._unreachable = (time.monotonic(), str(exc))
+                raise
+            self._unreachable = None
             return self._client.get_transport()
 
     def _open_client(self) -> paramiko.SSHClient:
@@ -143,7 +163,12 @@ class SSHHost(Host):
             client.close()
             raise
         except _NETWORK_ERRORS as exc:
+            transport = client.get_transport()
+            silent = "SSH protocol banner" in str(exc) or (transport is not None and not transport.remote_version)
             client.close()
+            if silent:  # paramiko's own words vary with which of its waits gave up first
+                raise Unreachable(f"{self.name} ({host_label}) accepted the connection but sent no SSH banner within "
+                                  f"{self.connect_timeout:g} s (not an SSH server, or its sshd is stuck)") from None
             raise Unreachable(f"cannot reach {host_label}: {_one_line(exc)}") from exc
         return client
 
@@ -170,28 +195,40 @@ class SSHHost(Host):
                 stderr=err.value() if err else b"", truncated=bool(err and err.truncated), command_line=line,
             )
 
+        unanswered = threading.Event()
         try:
             transport = self.connect()
             chan = transport.open_session(timeout=self.connect_timeout)
-            chan.exec_command(line)
+            # paramiko waits for the answer to the exec request with no timeout: a server that
+            # opened the session and never answers would hold this command (and its caller) for ever.
+            watchdog = threading.Timer(self.connect_timeout, lambda: (unanswered.set(), chan.close()))
+            watchdog.daemon = True
+            watchdog.start()
+            try:
+                chan.exec_command(line)
+            finally:
+                watchdog.cancel()
         except Unreachable as exc:
             return disconnected(str(exc))
         except _NETWORK_ERRORS as exc:
+            if unanswered.is_set():
+                return disconnected(f"{self.name} opened the session but did not start the command within "
+                                    f"{self.connect_timeout:g} s (its sshd is stuck)")
             return disconnected(f"{type(exc).__name__}: {_one_line(exc)}")
         local_deadline = start + timeout + KILL_AFTER_S + GRACE_S
         err = CappedBuffer(max_stderr)
         timed_out_locally = False
         try:
             while True:
-                while chan.recv_ready():
+                while chan.recv_ready() and time.monotonic() < local_deadline:
                     data = chan.recv(chunk_size)
                     if data:
                         yield data
-                while chan.recv_stderr_ready():
+                while chan.recv_stderr_ready() and time.monotonic() < local_deadline:
                     err.add(chan.recv_stderr(chunk_size))
-                if chan.recv_ready() or chan.recv_stderr_ready():
-                    continue
                 remaining = local_deadline - time.monotonic()
+                if (chan.recv_ready() or chan.recv_stderr_ready()) and remaining > 0:
+                    continue  # output that never pauses still ends at the deadline
                 if chan.eof_received or chan.closed:
                     # Output is over; the exit status follows (or the channel closes without one).
                     if chan.status_event.wait(max(remaining, 0)) or chan.closed:
