@@ -298,6 +298,9 @@ def hand_over_at_exit(*, stream=None) -> KeeperRecord | None:
     exiting would close them.
     """
     stream = stream or sys.stderr
+    for runner in list(_runners):
+        with contextlib.suppress(Exception):  # a runner that cannot stop ticking still hands over what is open
+            runner.halt_ticks()
     connections = [c for c in open_connections() if c[2].socket_fd() is not None]
     if not connections:
         return None

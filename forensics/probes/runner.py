@@ -205,6 +205,7 @@ class ProbeRunner:
     def start(self) -> ProbeRunner:
         if self._ticker is not None:
             raise RuntimeError("ProbeRunner already started")
+        handover.register(self)  # however the process ends (an exception, a SIGTERM), no probe is closed by it
         for lane in self.lanes:
             lane.thread.start()
         self._ticker = threading.Thread(target=self._tick_loop, name="probe ticker", daemon=True)
@@ -259,6 +260,10 @@ class ProbeRunner:
     def _wait_lanes(self) -> None:
         for lane in self.lanes:
             lane.thread.join()
+
+    def halt_ticks(self) -> None:
+        """Send nothing more (the probes already open stay open): what an exit does first."""
+        self._halt()
 
     def _halt(self) -> None:
         self._stop.set()
@@ -366,6 +371,7 @@ def probe_once(source: Any, kinds: Iterable[str] = KINDS, *, deadline_s: float |
     (up to ``cap_s``). See :class:`ProbeRunner` for the other options.
     """
     runner = ProbeRunner(source, interval_s=3600.0, kinds=kinds, deadline_s=deadline_s, cap_s=cap_s, **options)
+    handover.register(runner)
     for lane in runner.lanes:
         lane.thread.start()
     runner.tick()
