@@ -102,7 +102,7 @@ __all__ = [
 DEFAULT_LIVENESS_DEADLINE_S = 600.0
 DEFAULT_RESTART_TIMEOUT_S = 600.0
 
-UNTOUCHED = "original: nothing written"
+UNTOUCHED = "original: conn.py not written"
 ON_DISK_ONLY = "patched on disk, not yet running (not restarted)"
 RESTARTED = "patched and restarted (liveness not checked yet)"
 

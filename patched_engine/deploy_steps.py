@@ -210,7 +210,8 @@ def interrupted_record(inv, record: DeployRecord, exc: Interrupted, restarted: l
             record.engine_states[e.engine] += f"; which file it runs could not be told: {problem}"
             continue
         record.running[e.engine] = check.to_dict()
-        record.engine_states[e.engine] = states[check.verdict] + f" ({check.reason})"
+        state = states.get(check.verdict, "restarted; which file it runs cannot be told")
+        record.engine_states[e.engine] = f"{state} ({check.reason})"
     record.interrupted = {"signal": exc.signal_name, "stopped": exc.where,
                           "seconds_from_signal_to_stop": round(time.monotonic() - exc.received_at, 3)}
     done = sum(1 for s in record.steps if s.state == "ok")
