@@ -122,16 +122,27 @@ def _finish(cli: subprocess.Popen, sent: float) -> tuple[dict, str, float]:
     return one_document(out.decode()), err.decode(), time.monotonic() - sent
 
 
-@pytest.mark.parametrize(("action", "how"), [("deploy", signal.SIGINT), ("rollback", signal.SIGTERM)])
-def test_a_signal_during_the_restart_lets_it_finish_and_the_json_lists_the_steps(twin, wheel, patched_bytes,
-                                                                                action, how):
+@pytest.mark.parametrize(("action", "how", "over"), [("deploy", signal.SIGINT, "local"),
+                                                     ("rollback", signal.SIGTERM, "local"),
+                                                     ("deploy", signal.SIGINT, "ssh")])
+def test_a_signal_during_the_restart_lets_it_finish_and_the_json_lists_the_steps(twin, sshd, wheel, patched_bytes,
+                                                                                tmp_path, action, how, over):
     conn = twin.nixl_conn()
+    inventory = twin.inventory_path
+    if over == "ssh":  # the twin's own files and restart line, reached through the test sshd (needs --yes)
+        from deploy_helpers import with_engine_fields
+        from live_helpers import ssh_inventory
+
+        prefill = twin.inventory.engine("prefill")
+        inventory = with_engine_fields(ssh_inventory(twin, sshd, tmp_path / "over-ssh.toml", logs=None),
+                                       {"prefill": {"python": prefill.python, "sglang_location": prefill.sglang_location,
+                                                    "restart": prefill.restart}})
     try:
         if action == "rollback":
-            done = deploy_mod.deploy(twin.inventory_path, liveness_deadline_s=LIVENESS_S)
+            done = deploy_mod.deploy(inventory, yes=True, liveness_deadline_s=LIVENESS_S)
             assert done.status == "deployed", (done.message, done.problem)
         before = twin.pid("prefill")
-        cli, sent = _signal_during_restart(twin, [action, "--inventory", str(twin.inventory_path), "--json",
+        cli, sent = _signal_during_restart(twin, [action, "--inventory", str(inventory), "--yes", "--json",
                                                   "--liveness-deadline", str(LIVENESS_S)], how)
         document, stderr, took = _finish(cli, sent)
         assert cli.returncode == 130, (document, stderr)
@@ -150,7 +161,7 @@ def test_a_signal_during_the_restart_lets_it_finish_and_the_json_lists_the_steps
         assert twin.pid("prefill") != before and _alive(twin.pid("prefill"))
         assert deploy_mod.wait_liveness(twin.inventory, 60)["outcome"] == "ok"
         assert conn.read_bytes() == (patched_bytes if action == "deploy" else wheel["original"])
-        print(f"{action} {how.name}: signal to exit {took:.2f}s, to the stop "
+        print(f"{action} {how.name} {over}: signal to exit {took:.2f}s, to the stop "
               f"{document['interrupted']['seconds_from_signal_to_stop']}s; restart step "
               f"{[s['duration_s'] for s in document['steps'] if s['name'] == 'restart']}s")
     finally:
