@@ -28,6 +28,10 @@ class ExitStatus(IntEnum):
     INTERNAL = 5
 
 
+# Not an ExitStatus: what a command stopped by SIGINT/SIGTERM exits with (128 + SIGINT, the shell's
+# convention), after it printed what it did (a deploy lists its steps and each engine's state).
+INTERRUPTED = 130
+
 # Short names kept for the many call sites that compare or exit with them.
 GOOD = ExitStatus.GOOD
 BAD = ExitStatus.BAD

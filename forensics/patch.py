@@ -116,7 +116,7 @@ def deploy(inventory: Any, *, yes: bool = False, force: bool = False, restart: b
 
 
 def status(inventory: Any) -> StatusReport:
-    """Per prefill engine: ``original``, ``patched`` (which patch id) or ``unknown``.
+    """Per prefill engine: ``original``, ``patched`` (and running it), ``patched-not-running`` or ``unknown``.
 
     Example: ``fx.patch.status("inventory.toml").word``
     """
@@ -125,10 +125,13 @@ def status(inventory: Any) -> StatusReport:
     return engine_status(inventory)
 
 
-def rollback(inventory: Any, *, yes: bool = False, restart_decodes: bool = False,
+def rollback(inventory: Any, *, yes: bool = False, force: bool = False, restart_decodes: bool = False,
              liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S,
              on_step: Callable[[Step], None] | None = None) -> DeployRecord:
-    """Put each prefill's newest backup back byte for byte (sha256 checked), restart, wait for liveness.
+    """Put each prefill's newest backup back byte for byte, restart, wait for liveness.
+
+    The backup must be the release's own file (its sha256 that of the wheel's ``nixl/conn.py``);
+    anything else is refused unless ``force=True``.
 
     Like :func:`deploy`, a live deployment gets the plan only unless ``yes=True``.
 
@@ -136,5 +139,5 @@ def rollback(inventory: Any, *, yes: bool = False, restart_decodes: bool = False
     """
     from patched_engine.deploy import rollback as roll_back
 
-    return roll_back(inventory, yes=yes, restart_decodes=restart_decodes, liveness_deadline_s=liveness_deadline_s,
-                     on_step=on_step)
+    return roll_back(inventory, yes=yes, force=force, restart_decodes=restart_decodes,
+                     liveness_deadline_s=liveness_deadline_s, on_step=on_step)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from patched_engine import remote_file
-from patched_engine.deploy import PLACEHOLDER_STAMP, PLACEHOLDER_TMPDIR, _inventory, restart_argv
+from patched_engine.deploy_plan import PLACEHOLDER_STAMP, PLACEHOLDER_TMPDIR, load_inventory, restart_argv
 from patched_engine.locate import locate_argv
 
 SUDO = ("sudo", "-n", "--")
@@ -98,6 +98,8 @@ def _write(engine, host: str, phase: str, source: str, dest: str, mode: str) -> 
     return [
         PlannedCommand(phase, engine.name, host, (*sudo, "install", "-o", "UID", "-g", "GID", "-m", mode, tmp, temp),
                        f"{source} (uploaded by SFTP) beside {dest}, with the original's owner, group and mode"),
+        PlannedCommand(phase, engine.name, host, (*sudo, "rm", "-f", "--", temp),
+                       "only when that install failed (a full disk): remove the partial file it left"),
         PlannedCommand(phase, engine.name, host, ("sync",), "flush it to disk"),
         PlannedCommand(phase, engine.name, host, (*sudo, "mv", "-f", temp, dest), "the atomic rename"),
         PlannedCommand(phase, engine.name, host, ("sync",), "flush the directory entry"),
@@ -134,12 +136,23 @@ def _deploy(engine, host: str, phase: str) -> list[PlannedCommand]:
     if engine.restart:
         out.append(PlannedCommand(phase, engine.name, host, tuple(restart_argv(engine.restart)),
                                   "restart the prefill (the inventory's restart line), then wait for LIVENESS"))
+    out.append(PlannedCommand(phase, engine.name, host, tuple(locate_argv(python, engine.sglang_location)),
+                              "after the restart: the file's change time again"))
+    chosen = engine.selector
+    if chosen is not None:
+        from forensics.collectors.processes import LOOKUP_SCRIPT as PROCESS_SCRIPT
+        from forensics.collectors.processes import ProcessSelector
+
+        selector = ProcessSelector(title=chosen.title, cmdline=chosen.cmdline, pid_file=chosen.pid_file)
+        out.append(PlannedCommand(phase, engine.name, host, (python, "-c", PROCESS_SCRIPT, selector._hex()),
+                                  "the engine's processes' start times: each must have started after the file "
+                                  "changed, or the engine still runs the old file (never through sudo)"))
     return out
 
 
 def plan_commands(source: Any, phases: tuple[str, ...] = ("collect", "deploy", "rollback")) -> list[PlannedCommand]:
     """Every command the phases would run, from the inventory alone (nothing runs, no host is reached)."""
-    inv, _ = _inventory(source)
+    inv, _ = load_inventory(source)
     out: list[PlannedCommand] = []
     for phase in phases:
         for engine in inv.engines:
@@ -173,7 +186,7 @@ def sudoers_rules(source: Any, *, user: str = "ops", uid: int = 0, gid: int = 0,
     ``uid``/``gid``/``mode``: the owner and mode of ``nixl/conn.py`` on the node (``stat -c
     '%u %g %a'``), written into the rules so that nothing else can be chosen.
     """
-    inv, _ = _inventory(source)
+    inv, _ = load_inventory(source)
     lines = ["# /etc/sudoers.d/pd-forensics (install with: visudo -cf FILE && install -m 0440 FILE /etc/sudoers.d/)",
              f"# generated for {inv.name}; owner {uid}:{gid}, mode {mode} of nixl/conn.py"]
     aliases: list[tuple[str, list[str]]] = []

@@ -6,8 +6,10 @@ sglang (``importlib.util.find_spec`` only), so it is quick and safe on a GPU hos
 prints one JSON object: the package directory, the release (``importlib.metadata`` of the
 distribution in that directory, else sglang's own ``_version.py``), and for
 ``sglang/srt/disaggregation/nixl/conn.py``: its real path, owner, group, mode, size,
-sha256, its bytecode files, the pd-forensics backups and records beside it, and whether a
-killed deploy left its temporary file.
+sha256, change time (``ctime_ns``: what the running engine's start time is compared with),
+whether its directory is writable (by this user; on a read-only file system or an immutable
+directory by nobody, root included), its bytecode files, the pd-forensics backups and records
+beside it, and whether a killed deploy left its temporary file.
 """
 
 from __future__ import annotations
@@ -78,9 +80,26 @@ if pkg:
                 digest = hashlib.sha256(handle.read()).hexdigest()
             backups.append({"path": b, "record": rec if record is not None else None, "recorded": record,
                             "sha256": digest})
+        try:
+            readonly = bool(os.statvfs(d).f_flag & os.ST_RDONLY)
+        except OSError:
+            readonly = None
+        immutable = None
+        try:  # FS_IOC_GETFLAGS; FS_IMMUTABLE_FL (0x10) or FS_APPEND_FL (0x20): even root cannot rename there
+            import array, fcntl
+            fd = os.open(d, os.O_RDONLY)
+            try:
+                flags = array.array("l", [0])
+                fcntl.ioctl(fd, 0x80086601, flags, True)
+                immutable = bool(flags[0] & 0x30)
+            finally:
+                os.close(fd)
+        except Exception:
+            pass
         out["file"] = {"path": real, "symlink": real != conn, "uid": st.st_uid, "gid": st.st_gid,
                        "mode": st.st_mode & 0o7777, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                       "mtime": st.st_mtime, "dir_writable": os.access(d, os.W_OK),
+                       "mtime": st.st_mtime, "ctime_ns": st.st_ctime_ns, "dir_writable": os.access(d, os.W_OK),
+                       "dir_readonly_fs": readonly, "dir_immutable": immutable,
                        "pycache": sorted(glob.glob(os.path.join(d, "__pycache__", "conn.*.pyc"))),
                        "backups": backups,
                        "stale_temp": os.path.exists(os.path.join(d, "." + n + ".pd-forensics-deploy.tmp"))}

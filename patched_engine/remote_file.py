@@ -15,7 +15,8 @@ through the Host (``sudo -n`` only where the host table says ``sudo = true``):
 
 The temporary name in the destination directory is fixed (one per file), so a run killed
 between 2 and 4 leaves at most that one file, which the next run's ``install`` overwrites;
-it never ends in ``.py``, so nothing imports it.
+it never ends in ``.py``, so nothing imports it. An ``install`` that fails (a full disk)
+has its partial file removed at once (``rm -f -- TEMP``), and the error names that path.
 
 Fault injection, for tests only: ``PD_FORENSICS_DEPLOY_KILL_AT`` set to one of
 :data:`KILL_POINTS` (``after-upload``, ``after-install-temp``, ``before-mv``, ``after-mv``)
@@ -184,16 +185,24 @@ def install_atomically(rec: Recorder, source: str, dest: str, owner: Owner, data
     """``source`` (already on the host) to ``dest``: install to the temp name, read back, sync, mv, sync."""
     temp = temp_name(dest)
     with rec.step(f"install {posixpath.basename(dest)} as {posixpath.basename(temp)}") as step:
-        rec.run(step, ["install", *owner.install_args(), source, temp], sudo=rec.sudo)
+        result = rec.run(step, ["install", *owner.install_args(), source, temp], sudo=rec.sudo, check=False)
+        if not result.ok:  # a full disk leaves a partial file under the temporary name: never keep it
+            why = (result.stderr_text.strip().splitlines() or [result.error or result.state.value])[-1]
+            removed = remove_partial(rec, step, temp)
+            raise StepFailed(f"{rec.engine}: cannot write {temp}: {result.summary()}: {why}; {removed}; {dest} "
+                             "untouched", path=temp)
         if kill_points:
             kill_point("after-install-temp")
         try:
             on_host = rec.host.read_file(temp)
         except OSError as exc:
-            raise StepFailed(f"{rec.engine}: cannot read back {temp}: {exc}") from exc
+            raise StepFailed(f"{rec.engine}: cannot read back {temp}: {exc}; {remove_partial(rec, step, temp)}",
+                             path=temp) from exc
         if on_host != data:
+            removed = remove_partial(rec, step, temp)
             raise StepFailed(f"{rec.engine}: {temp} does not read back as uploaded "
-                             f"(sha256 {sha256(on_host)[:12]}…, expected {sha256(data)[:12]}…); {dest} untouched")
+                             f"(sha256 {sha256(on_host)[:12]}…, expected {sha256(data)[:12]}…); {removed}; {dest} "
+                             "untouched", path=temp)
         rec.run(step, ["sync"])
         step.detail = f"uid {owner.uid}, gid {owner.gid}, mode {owner.mode:04o}; read back, sha256 equal"
     if kill_points:
@@ -203,6 +212,15 @@ def install_atomically(rec: Recorder, source: str, dest: str, owner: Owner, data
         if kill_points:
             kill_point("after-mv")
         rec.run(step, ["sync"])
+
+
+def remove_partial(rec: Recorder, step: Step, temp: str) -> str:
+    """``rm -f -- TEMP`` (through sudo where writes are): what a failed ``install`` left. Says how it went."""
+    result = rec.run(step, ["rm", "-f", "--", temp], sudo=rec.sudo, check=False)
+    if result.ok:
+        return f"the partial {temp} is removed"
+    why = (result.stderr_text.strip().splitlines() or [result.error or result.state.value])[-1]
+    return f"the partial {temp} could NOT be removed ({why}): remove it by hand"
 
 
 def remove_tmpdir(rec: Recorder, tmpdir: str) -> None:

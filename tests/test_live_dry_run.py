@@ -61,8 +61,18 @@ def test_collect_finds_processes_reads_environ_dumps_threads_and_journals_throug
 def _write(source: str, dest: str, mode: str) -> list[list[str]]:
     directory, name = dest.rsplit("/", 1)
     temp = f"{directory}/.{name}.pd-forensics-deploy.tmp"
-    return [[*SUDO, "install", "-o", "UID", "-g", "GID", "-m", mode, f"{TMP}/{source}", temp], ["sync"],
-            [*SUDO, "mv", "-f", temp, dest], ["sync"]]
+    return [[*SUDO, "install", "-o", "UID", "-g", "GID", "-m", mode, f"{TMP}/{source}", temp],
+            [*SUDO, "rm", "-f", "--", temp],  # only when the install failed: its partial file
+            ["sync"], [*SUDO, "mv", "-f", temp, dest], ["sync"]]
+
+
+def _after_restart() -> list[list[str]]:
+    """The file located again and the engine's processes' start times (never through sudo)."""
+    from forensics.collectors.processes import LOOKUP_SCRIPT as PROCESS_SCRIPT
+    from forensics.collectors.processes import ProcessSelector
+
+    selector = ProcessSelector(title="sglang::scheduler", cmdline="--disaggregation-mode prefill")
+    return [[PY, "-c", LOCATE_SCRIPT, SITE], [PY, "-c", PROCESS_SCRIPT, selector._hex()]]
 
 
 def test_deploy_touches_only_the_prefill_with_its_interpreter_and_systemctl():
@@ -79,6 +89,7 @@ def test_deploy_touches_only_the_prefill_with_its_interpreter_and_systemctl():
         ["rm", "-rf", "--", TMP],
         *RM_PYC,
         ["sudo", "-n", "systemctl", "restart", "sglang-prefill.service"],
+        *_after_restart(),
     ]
 
 
@@ -92,6 +103,7 @@ def test_rollback_writes_the_backup_back_and_restarts():
         ["rm", "-rf", "--", TMP],
         *RM_PYC,
         ["sudo", "-n", "systemctl", "restart", "sglang-prefill.service"],
+        *_after_restart(),
     ]
 
 
@@ -168,4 +180,5 @@ def test_live_deployment_status_answers():
 
     report = status(os.environ["PD_FORENSICS_LIVE_INVENTORY"])
     assert report.engines
-    assert all(e.state in ("original", "patched", "unknown") for e in report.engines), report.to_dict()
+    assert all(e.state in ("original", "patched", "patched-not-running", "patched-unconfirmed", "unknown")
+               for e in report.engines), report.to_dict()

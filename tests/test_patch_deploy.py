@@ -4,7 +4,8 @@ One twin for the module. The acceptance flow deploys over SSH to the twin's own 
 release (``twin restart`` restarts the prefill, LIVENESS through the router), reads the status,
 rolls back and finds the wheel's bytes again. The refusal, plan-only and kill tests use a
 small "deployment" whose sglang is a copy of the release's files in a temporary directory
-and whose URLs are the twin's (its restart line is ``true``): cheap, and liveness is real.
+and whose URLs, process selector and restart line are the twin's prefill's (tests/deploy_helpers.py):
+the restart and the liveness check are real.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ import os
 import shutil
 import signal
 import stat
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import tomli_w
-from cli_helpers import one_document, run_forensics
+from cli_helpers import one_document
+from deploy_helpers import fake_deployment, fake_site, forensics, with_engine_fields
 from live_helpers import ssh_inventory
 from user_helpers import install_sudoers
 
@@ -66,51 +67,6 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _with_engine_fields(path: Path, fields: dict) -> Path:
-    """Add python/sglang_location/restart (per role) to an inventory written by ``ssh_inventory``."""
-    document = tomllib.loads(path.read_text())
-    for engine in document["engine"]:
-        engine.update(fields.get(engine["role"], {}))
-    path.write_text(tomli_w.dumps(document))
-    return path
-
-
-def _fake_site(directory: Path, wheel: dict, conn: bytes) -> Path:
-    """A site-packages holding sglang 0.5.15's version file and the given nixl/conn.py."""
-    site = directory / "site-packages"
-    nixl = site / "sglang/srt/disaggregation/nixl"
-    nixl.mkdir(parents=True)
-    (site / "sglang/__init__.py").write_text("")
-    shutil.copyfile(Path(wheel["root"]) / "sglang/_version.py", site / "sglang/_version.py")
-    (nixl / "conn.py").write_bytes(conn)
-    (nixl / "conn.py").chmod(0o644)
-    return site
-
-
-def fake_deployment(directory: Path, twin, wheel: dict, *, conn: bytes | None = None, sshd=None) -> tuple[Path, Path]:
-    """(inventory, conn.py): a prefill whose sglang is a copy in ``directory``, URLs the twin's.
-
-    Locally (``sshd=None``) the engines run on ``local``; else on the test sshd. Not a twin:
-    there is no ``[twin]`` table, so deploy needs ``yes``.
-    """
-    site = _fake_site(directory, wheel, wheel["original"] if conn is None else conn)
-    fields = {"prefill": {"python": sys.executable, "sglang_location": str(site), "restart": "true"}}
-    if sshd is not None:
-        path = ssh_inventory(twin, sshd, directory / "inventory.toml", logs=None, name="fake-over-ssh")
-    else:
-        document = tomllib.loads(Path(twin.inventory_path).read_text())
-        document.pop("twin")
-        document["deployment"]["name"] = "fake-local"
-        path = directory / "inventory.toml"
-        path.write_text(tomli_w.dumps(document))
-    return _with_engine_fields(path, fields), site / "sglang/srt/disaggregation/nixl/conn.py"
-
-
-def forensics(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``forensics patch ARGS`` in a child process, without an inherited kill point."""
-    return run_forensics("patch", *args, env=env, timeout=timeout, drop_env=(KILL_ENV,))
-
-
 # ----------------------------------------------------------------------------- the acceptance flow
 
 
@@ -118,7 +74,7 @@ def test_deploy_over_ssh_restart_liveness_status_rollback(twin, sshd, wheel, pat
     conn = twin.nixl_conn()
     assert conn.read_bytes() == wheel["original"]
     prefill = twin.inventory.engine("prefill")
-    inventory = _with_engine_fields(
+    inventory = with_engine_fields(
         ssh_inventory(twin, sshd, tmp_path / "over-ssh.toml", logs=None),
         {"prefill": {"python": prefill.python, "sglang_location": prefill.sglang_location,
                      "restart": prefill.restart}})
@@ -281,10 +237,13 @@ def test_kill_at_each_step_leaves_original_or_patched(twin, sshd, wheel, patched
     assert now == (patched_bytes if point == "after-mv" else wheel["original"])
     assert stat.S_IMODE(os.stat(conn).st_mode) == 0o644
     record = deploy_mod.deploy(inventory, yes=True, liveness_deadline_s=LIVENESS_S)
-    assert record.status == ("already-patched" if point == "after-mv" else "deployed"), record.problem
+    assert record.status == "deployed", (record.problem, record.message)
     assert conn.read_bytes() == patched_bytes
     assert not (conn.parent / ".conn.py.pd-forensics-deploy.tmp").exists()
-    if point == "after-mv":  # killed before its restart: --restart (restart=True) restarts the patched engine
+    if point == "after-mv":  # killed before its restart: the next deploy writes nothing and resumes with it
+        assert "resumed with the restart" in record.message
+        assert not any(s.name.startswith("install") for s in record.steps)
+        assert [s.name for s in record.steps if s.name == "restart"] == ["restart"]
         again = deploy_mod.deploy(inventory, yes=True, restart=True, liveness_deadline_s=LIVENESS_S)
         assert again.status == "already-patched" and [s.name for s in again.steps if s.name == "restart"]
     # The killed run's private upload directory stays (it could not remove it): ours to clean here.
@@ -324,7 +283,7 @@ def test_deploy_and_rollback_as_an_unprivileged_user_with_the_generated_sudoers(
         site_parent.mkdir(parents=True)
         for directory in (base / "lib", site_parent):
             directory.chmod(0o755)
-        site = _fake_site(site_parent, wheel, wheel["original"])
+        site = fake_site(site_parent, wheel, wheel["original"])
         for path in [site, *site.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
         conn = site / "sglang/srt/disaggregation/nixl/conn.py"
@@ -332,9 +291,9 @@ def test_deploy_and_rollback_as_an_unprivileged_user_with_the_generated_sudoers(
         pycache.mkdir(mode=0o755)
         (pycache / "conn.cpython-311.pyc").write_bytes(b"stale")
         with test_user(name) as user:
-            inventory = _with_engine_fields(
+            inventory = with_engine_fields(
                 ssh_inventory(twin, sshd, base / "inventory.toml", logs=None, user=user, sudo=True,
-                              name="sudo-over-ssh"),
+                              name="sudo-over-ssh", pid_dir=base),  # pid files the test user can read
                 {"prefill": {"python": "/usr/bin/python3", "sglang_location": str(site), "restart": "true"}})
             # Without the rules: sudo -n fails at once, the step says so, nothing is written (exit 4 in the CLI).
             denied = deploy_mod.deploy(inventory, yes=True, liveness_deadline_s=LIVENESS_S)
@@ -346,18 +305,21 @@ def test_deploy_and_rollback_as_an_unprivileged_user_with_the_generated_sudoers(
             rules = sudoers_rules(inventory, user=user, uid=0, gid=0, mode="0644")
             install_sudoers(sudoers, rules)
 
+            # Its restart line is `true`: written, but nothing restarted, and the deploy says so.
             record = deploy_mod.deploy(inventory, yes=True, liveness_deadline_s=LIVENESS_S)
-            assert record.status == "deployed", (record.problem, [s.to_dict() for s in record.steps][-3:])
+            assert record.status == "not-restarted", (record.problem, [s.to_dict() for s in record.steps][-3:])
+            assert "did not restart it" in record.message and record.exit_status == 1
             assert conn.read_bytes() == patched_bytes
             info = os.stat(conn)
             assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, 0o644)
             assert not (pycache / "conn.cpython-311.pyc").exists()
             assert any(c["command_line"] and "sudo -n -- install" in c["command_line"]
                        for s in record.steps for c in s.commands)
-            assert deploy_mod.status(inventory).exit_status == 0
+            report = deploy_mod.status(inventory)
+            assert report.exit_status == 1 and [e.state for e in report.engines] == ["patched-not-running"]
 
             rolled = deploy_mod.rollback(inventory, yes=True, liveness_deadline_s=LIVENESS_S)
-            assert rolled.status == "rolled-back", rolled.problem
+            assert rolled.status == "not-restarted" and rolled.liveness["outcome"] == "ok", rolled.problem
             assert conn.read_bytes() == wheel["original"]
             assert (os.stat(conn).st_uid, stat.S_IMODE(os.stat(conn).st_mode)) == (0, 0o644)
     finally:

@@ -27,7 +27,7 @@ from typing import NoReturn
 
 import click
 
-from forensics.exitcodes import ExitStatus, ForensicsError, status_word
+from forensics.exitcodes import INTERRUPTED, ExitStatus, ForensicsError, status_word
 
 # emitted: whether this command printed its one --json document (or its first JSON line);
 # lines: whether it is a JSON Lines command (watch), whose last line must carry its real status.
@@ -96,7 +96,7 @@ def emit_line(doc: dict) -> None:
 def conclude(as_json: bool, status: int, doc: dict, human: Callable[[], None] | None = None,
              word: str | None = None) -> NoReturn:
     """End a command with its answer: the document (JSON) or the human rendering, then the status."""
-    status = ExitStatus(int(status))
+    status = int(status) if int(status) == INTERRUPTED else ExitStatus(int(status))
     if as_json:
         emit(document(status, word, **doc))
     elif human is not None:
@@ -232,7 +232,7 @@ def run(group: click.Group, argv: list[str] | None = None) -> NoReturn:
         _finish_error(as_json, ExitStatus.USAGE, "usage", exc.format_message(), type(exc).__name__)
     except click.exceptions.Abort:
         click.echo("forensics: interrupted", err=True)
-        _finish_error(as_json, 130, "interrupted", "interrupted", "KeyboardInterrupt")
+        _finish_error(as_json, INTERRUPTED, "interrupted", "interrupted", "KeyboardInterrupt")
     except ForensicsError as exc:
         line = _one_line(exc)
         click.echo(f"forensics: {line}", err=True)

@@ -204,10 +204,13 @@ def _conclude_record(record, as_json: bool) -> None:
 def deploy_command(inventory: str, yes: bool, force: bool, restart_patched: bool, restart_decodes: bool,
                    liveness_deadline: float, as_json: bool) -> None:
     """Patch every prefill engine's nixl/conn.py: plan and diff; with --yes backup, atomic write,
-    compile check, bytecode cleared, restart, LIVENESS.
+    compile check, bytecode cleared, restart, LIVENESS, and a check that the engine runs it.
 
     Exit 0 deployed (or already patched, or plan shown), 1 refused (a fork without --force,
-    the codemod refuses) or not live after the restart, 4 a step failed on the host.
+    the codemod refuses), not live after the restart, or not restarted (the engine process
+    is the one from before the write), 3 which file the engine runs cannot be told, 4 a step
+    failed on the host or the install directory cannot be written, 130 interrupted (SIGINT or
+    SIGTERM waits for the step in progress, a restart to its end; the record lists the steps).
     """
     from patched_engine.deploy import deploy
 
@@ -221,10 +224,12 @@ def deploy_command(inventory: str, yes: bool, force: bool, restart_patched: bool
 @click.option("--inventory", required=True, type=click.Path(dir_okay=False, exists=True), help=INVENTORY_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 def status_command(inventory: str, as_json: bool) -> None:
-    """Per prefill engine: original, patched (which patch id) or unknown.
+    """Per prefill engine: original, patched (which patch id, and running), patched-not-running, or unknown.
 
-    Exit 0 when every prefill engine is patched, 1 when any is original or unknown, 3 when
-    some engine's file (or its release's wheel) could not be read.
+    A patched file counts only if every engine process started after it changed. Exit 0
+    when every prefill engine runs the fix, 1 when one does not (original, unknown,
+    patched-not-running), 3 when that cannot be told (a file, the wheel or the processes
+    could not be read).
     """
     from patched_engine.deploy import status
 
@@ -235,20 +240,23 @@ def status_command(inventory: str, as_json: bool) -> None:
 @command.command("rollback")
 @click.option("--inventory", required=True, type=click.Path(dir_okay=False, exists=True), help=INVENTORY_HELP)
 @click.option("--yes", is_flag=True, help="Really roll back a live deployment. Without it only the plan.")
+@click.option("--force", is_flag=True, help="Restore a backup that is not the release's own file (after reading why).")
 @click.option("--restart-decodes", is_flag=True,
               help="After the prefills, restart each decode whose release blocks on a restarted prefill (0.5.15).")
 @click.option("--liveness-deadline", type=float, default=600.0, show_default=True, callback=positive_seconds,
               help="Seconds after the restart within which a real one-token request must answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-def rollback_command(inventory: str, yes: bool, restart_decodes: bool, liveness_deadline: float,
+def rollback_command(inventory: str, yes: bool, force: bool, restart_decodes: bool, liveness_deadline: float,
                      as_json: bool) -> None:
-    """Put each prefill's newest backup back byte for byte (sha256 checked), restart, LIVENESS.
+    """Put each prefill's newest backup back byte for byte, restart, LIVENESS.
 
-    Exit 0 rolled back (or nothing to roll back, or plan shown), 1 refused (no backup) or not
-    live after the restart, 4 a step failed on the host.
+    The backup's sha256 must match its record and the release's wheel (the record alone
+    proves nothing). Exit 0 rolled back (or nothing to roll back, or plan shown), 1 refused
+    (no backup, or one that is not the release's file without --force), not live or not
+    restarted, 4 a step failed on the host or the wheel cannot be had, 130 interrupted.
     """
     from patched_engine.deploy import rollback
 
-    record = rollback(inventory, yes=yes, restart_decodes=restart_decodes, liveness_deadline_s=liveness_deadline,
-                      on_step=_deploy_progress(as_json))
+    record = rollback(inventory, yes=yes, force=force, restart_decodes=restart_decodes,
+                      liveness_deadline_s=liveness_deadline, on_step=_deploy_progress(as_json))
     _conclude_record(record, as_json)

@@ -139,6 +139,8 @@ def _deploy(source: Any, *, yes: bool, deadline_s: float, restart_decodes: bool 
         return Check("deploy", PASS, f"{record.status}: {record.message}", steps), record
     if record.status == "planned":
         return Check("deploy", INCONCLUSIVE, f"plan only: {record.message}", steps), record
+    if record.status == "unconfirmed":  # written and live, but which file the engine runs cannot be told
+        return Check("deploy", INCONCLUSIVE, f"{record.status}: {record.message}", steps), record
     why = record.problem or record.message or record.status
     return Check("deploy", FAIL, f"{record.status}: {why}", steps), record
 
