@@ -40,20 +40,29 @@ __all__ = [
 
 REDACTED = "<redacted>"
 
-# Whole words (after splitting a name on separators and camelCase) that mark a secret.
-_SECRET_WORDS = frozenset({
-    "token", "secret", "secrets", "password", "passwd", "pwd", "passphrase", "auth", "authorization",
-    "credential", "credentials", "apikey", "cookie", "sessionid", "bearer",
-})
-# Adjacent word pairs that mark a secret ("api key", "private key", "access key", ...).
-_SECRET_PAIRS = frozenset({
-    ("api", "key"), ("private", "key"), ("access", "key"), ("secret", "key"), ("client", "secret"),
-    ("auth", "token"), ("access", "token"), ("refresh", "token"), ("session", "token"), ("signing", "key"),
-    ("encryption", "key"), ("master", "key"), ("account", "key"), ("service", "key"),
-})
-# Substrings of the name with separators removed: glued forms such as OPENAI_APIKEY, mysecret.
-_SECRET_GLUED = ("apikey", "password", "passwd", "secret", "credential", "privatekey", "accesskey",
-                 "authtoken", "accesstoken", "bearertoken")
+# The one table of what is secret: every collector, the gap and command records and the
+# bundle ask :func:`is_secret_name`, which reads only this table (docs/settings.md lists it).
+# A name is split on separators and camelCase into lowercase words first.
+SECRET_NAMES: dict[str, frozenset] = {
+    # a word that marks a secret wherever it stands in the name
+    "words": frozenset({
+        "secret", "secrets", "password", "passwd", "pwd", "passphrase", "auth", "authorization",
+        "credential", "credentials", "apikey", "cookie", "sessionid", "bearer",
+    }),
+    # a word that marks a secret only as the name's last word: HF_TOKEN, access_token and
+    # --token hold one, but sglang's numeric settings token_capacity, ds_heavy_token_num and
+    # tbo_token_distribution_threshold only name a count of tokens
+    "last_words": frozenset({"token"}),
+    # adjacent word pairs ("api key", "private key", ...)
+    "pairs": frozenset({
+        ("api", "key"), ("private", "key"), ("access", "key"), ("secret", "key"), ("client", "secret"),
+        ("signing", "key"), ("encryption", "key"), ("master", "key"), ("account", "key"), ("service", "key"),
+    }),
+    # substrings of the name with its separators removed: glued forms such as OPENAI_APIKEY
+    "glued": frozenset({"apikey", "password", "passwd", "secret", "credential", "privatekey", "accesskey"}),
+}
+# glued forms ending the name (HFAUTHTOKEN, "accesstoken"): "token" at the end again
+_GLUED_LAST = ("authtoken", "accesstoken", "bearertoken", "apitoken", "hftoken")
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _SPLIT = re.compile(r"[^A-Za-z0-9]+")
@@ -67,17 +76,20 @@ def is_secret_name(name: str) -> bool:
     """Whether a key, variable, parameter or flag name looks like it holds a secret.
 
     ``HF_TOKEN``, ``--api-key``, ``apiKey``, ``admin_api_key``, ``AWS_SECRET_ACCESS_KEY``,
-    ``db.password`` are; ``max_total_tokens``, ``tokenizer_path``, ``author`` are not.
+    ``db.password`` are; ``max_total_tokens``, ``tokenizer_path``, ``author``, ``token_capacity``
+    and ``ds_heavy_token_num`` are not.
     """
     if not isinstance(name, str) or not name:
         return False
     words = _words(name)
-    if any(w in _SECRET_WORDS for w in words):
+    if not words:
+        return False
+    if any(w in SECRET_NAMES["words"] for w in words) or words[-1] in SECRET_NAMES["last_words"]:
         return True
-    if any(pair in _SECRET_PAIRS for pair in zip(words, words[1:])):
+    if any(pair in SECRET_NAMES["pairs"] for pair in zip(words, words[1:])):
         return True
     glued = "".join(words)
-    return any(s in glued for s in _SECRET_GLUED)
+    return any(s in glued for s in SECRET_NAMES["glued"]) or glued.endswith(_GLUED_LAST)
 
 
 def _keep_as_is(value: Any) -> bool:
@@ -95,6 +107,9 @@ _AUTH_HEADER = re.compile(
 _BEARER = re.compile(r"(?i)(\bbearer\s+)([A-Za-z0-9._~+/=\-]{6,})")
 _BASIC = re.compile(r"(\bBasic\s+)([A-Za-z0-9+/]{6,}={0,2})")
 _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@?#]*:)([^/\s@?#]+)(@)")
+# A user name alone in an http(s) URL is a token more often than a login (https://TOKEN@host);
+# an ssh:// user (ssh://ops@host) is a login name the reader needs, and stays.
+_URL_USER_ONLY = re.compile(r"(?i)\b((?!ssh://|sftp://)[a-z][a-z0-9+.\-]*://)([^/\s:@?#<>]+)(@)")
 _QUERY = re.compile(r"([?&;])([^=&#\s]+)=([^&#\s\"']*)")
 # NAME=value, --name=value, "name": "value", name: value (the value up to a separator).
 _ASSIGN = re.compile(
@@ -152,6 +167,7 @@ def redact_text(text: str) -> str:
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED if m.group(2) != REDACTED else m.group(0), text)
     text = _BASIC.sub(lambda m: m.group(1) + REDACTED, text)
     text = _URL_USERINFO.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
+    text = _URL_USER_ONLY.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
     text = _QUERY.sub(
         lambda m: m.group(1) + m.group(2) + "=" + _quoted(m.group(3)) if is_secret_name(m.group(2)) and m.group(3)
         else m.group(0),

@@ -16,6 +16,8 @@ from urllib.parse import urlparse
 
 import tomli_w
 
+from forensics.redact import redact_text
+
 from .errors import InventoryError
 from .locate import KeyPath, Locator, format_path
 from .model import (
@@ -157,7 +159,15 @@ class _Checker:
             raise self.error((*where, key), f"{value} is not a TCP port")
         return value
 
-    def http_url(self, table: dict[str, Any], where: KeyPath, key: str, *, required: bool = False) -> str | None:
+    def http_url(self, table: dict[str, Any], where: KeyPath, key: str, *, required: bool = False,
+                 path_allowed: bool = False) -> str | None:
+        """``scheme://host[:port]`` (plus a path prefix where ``path_allowed``), nothing else.
+
+        The tool builds every request URL by appending to this one, so a path or query here
+        would end up in the middle of them (``http://h:1/?token=X/health``); and a userinfo or
+        query is where a credential hides, which an inventory never holds. The message shows
+        the URL redacted: the error line is printed and logged.
+        """
         url = self.get(table, where, key, str, required=required)
         if url is None:
             return None
@@ -166,8 +176,18 @@ class _Checker:
             parsed.port  # noqa: B018 - raises on a bad port
         except ValueError:
             parsed = parsed._replace(netloc="")
+        shown = redact_text(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise self.error((*where, key), f"expected http(s)://host[:port], got {url!r}")
+            raise self.error((*where, key), f"expected http(s)://host[:port], got {shown!r}")
+        if "@" in parsed.netloc:
+            raise self.error((*where, key), f"{shown!r}: a user or password in the URL is a credential, and an "
+                             "inventory never holds one; give http(s)://host[:port]")
+        if parsed.query or parsed.fragment or url.rstrip("/").endswith(("?", "#")):
+            raise self.error((*where, key), f"{shown!r}: a query or fragment has no place in this URL (requests "
+                             "are built by appending a path to it); give http(s)://host[:port]")
+        if parsed.path.strip("/") and not path_allowed:
+            raise self.error((*where, key), f"{shown!r}: an engine URL is http(s)://host[:port], without a path "
+                             f"(got {parsed.path!r}; the tool appends /health, /metrics, ... itself)")
         return url.rstrip("/")
 
     # -- the document ------------------------------------------------------------------------------
@@ -186,7 +206,7 @@ class _Checker:
         backend = self.get(deployment, where, "backend", str)
         if backend is not None and backend not in BACKENDS:
             raise self.error((*where, "backend"), f"expected one of {BACKENDS}, got {backend!r}")
-        prometheus = self.http_url(deployment, where, "prometheus")
+        prometheus = self.http_url(deployment, where, "prometheus", path_allowed=True)  # behind a proxy prefix
         hosts = self.hosts(data.get("hosts", {}))
         raw_engines = data.get("engine")
         if not isinstance(raw_engines, list) or not raw_engines:
