@@ -64,6 +64,7 @@ DEFAULT_LIVENESS_DEADLINE_S = 600.0
 DEFAULT_RESTART_TIMEOUT_S = 600.0
 PLACEHOLDER_TMPDIR = "/tmp/pd-forensics-deploy.XXXXXXXX"
 PLACEHOLDER_STAMP = "STAMP"
+BACKUP_MODE = 0o600  # a backup and its record: the owner of the file they copy reads them, nobody else
 
 
 def _inventory(source: Any):
@@ -175,8 +176,9 @@ class EnginePlan:
         owner = self.owner
         commands = [["mktemp", "-d", remote_file.TMPDIR_TEMPLATE],
                     [self.python, "-m", "py_compile", f"{tmpdir}/conn.py"]]
-        for source, dest, who in ((f"{tmpdir}/record.json", record, Owner(owner.uid, owner.gid, 0o644)),
-                                  (f"{tmpdir}/backup", backup, owner), (f"{tmpdir}/conn.py", self.path, owner)):
+        private = Owner(owner.uid, owner.gid, BACKUP_MODE)
+        for source, dest, who in ((f"{tmpdir}/record.json", record, private),
+                                  (f"{tmpdir}/backup", backup, private), (f"{tmpdir}/conn.py", self.path, owner)):
             temp = remote_file.temp_name(dest)
             commands += [[*sudo, "install", *who.install_args(), source, temp], ["sync"],
                          [*sudo, "mv", "-f", temp, dest], ["sync"]]
@@ -489,9 +491,9 @@ def _write_engine(rec: Recorder, plan: EnginePlan, data: bytes, *, backup: bool)
             rec.run(step, [plan.python, "-m", "py_compile", conn_tmp])
             step.detail = f"{plan.python} -m py_compile: ok"
         if backup:
-            remote_file.install_atomically(rec, f"{tmpdir}/record.json", record_path,
-                                           Owner(owner.uid, owner.gid, 0o644), uploads["record.json"])
-            remote_file.install_atomically(rec, f"{tmpdir}/backup", backup_path, owner, plan.original)
+            private = Owner(owner.uid, owner.gid, BACKUP_MODE)
+            remote_file.install_atomically(rec, f"{tmpdir}/record.json", record_path, private, uploads["record.json"])
+            remote_file.install_atomically(rec, f"{tmpdir}/backup", backup_path, private, plan.original)
         with rec.step("check the file is still the one planned") as step:
             now = rec.host.read_file(plan.path)
             if now != plan.original:
