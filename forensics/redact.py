@@ -10,7 +10,8 @@ there without seeing it. The rules (docs/settings.md):
   password, passwd, auth, credential, private_key, access_key ..., any case, any separator,
   camelCase too) keeps its name and loses its value;
 * **text**: anywhere in free text, ``Authorization:`` header values, ``Bearer <token>``,
-  ``Basic <base64>``, the password in a URL's userinfo (``http://user:<redacted>@host``),
+  ``Basic <base64>``, a URL's userinfo (``http://<redacted>@host``; for ssh:// only the
+  password: ``ssh://ops:<redacted>@host``),
   secret-named query parameters, ``NAME=value`` / ``--name=value`` / ``--name value`` pairs
   with a secret name, and values shaped like well-known tokens (``hf_...``, ``sk-...``,
   ``AKIA...``, ``ghp_...``, ``xox?-...``) whatever their key;
@@ -106,10 +107,11 @@ _AUTH_HEADER = re.compile(
 )
 _BEARER = re.compile(r"(?i)(\bbearer\s+)([A-Za-z0-9._~+/=\-]{6,})")
 _BASIC = re.compile(r"(\bBasic\s+)([A-Za-z0-9+/]{6,}={0,2})")
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@?#]*:)([^/\s@?#]+)(@)")
-# A user name alone in an http(s) URL is a token more often than a login (https://TOKEN@host);
-# an ssh:// user (ssh://ops@host) is a login name the reader needs, and stays.
-_URL_USER_ONLY = re.compile(r"(?i)\b((?!ssh://|sftp://)[a-z][a-z0-9+.\-]*://)([^/\s:@?#<>]+)(@)")
+# The password of a URL's userinfo (ssh://ops:<redacted>@host keeps the login name the reader
+# needs); in any other scheme the whole userinfo, since a token is as often the user
+# (https://TOKEN@host, https://TOKEN:x-oauth-basic@github.com) as the password.
+_URL_USERINFO = re.compile(r"(?i)\b((?:ssh|sftp)://[^/\s:@?#]*:)([^/\s@?#]+)(@)")
+_URL_ANY_USERINFO = re.compile(r"(?i)\b((?!ssh://|sftp://)[a-z][a-z0-9+.\-]*://)([^/\s@?#<>]+)(@)")
 _QUERY = re.compile(r"([?&;])([^=&#\s]+)=([^&#\s\"']*)")
 # NAME=value, --name=value, "name": "value", name: value (the value up to a separator).
 _ASSIGN = re.compile(
@@ -129,7 +131,7 @@ _HEADER_NAMES = ("authorization", "proxy-authorization")  # their values: _AUTH_
 
 
 def redact_url(url: str) -> str:
-    """The URL with the password of its userinfo and secret-named query values redacted."""
+    """The URL with its userinfo (for ssh://, the password) and secret-named query values redacted."""
     return redact_text(url)
 
 
@@ -159,6 +161,28 @@ def _split_closers(value: str) -> tuple[str, str]:
     return value[:end], value[end:]
 
 
+def _sub_pairs(pattern: re.Pattern, text: str, secret, replace) -> str:
+    """``pattern.sub`` over (name, separator, value) matches that resumes after the separator of a non-secret one.
+
+    In ``KVTransferError: retry(token=abc)`` the pair ``KVTransferError: retry(token=abc)``
+    matches first; its name is not secret, and a plain ``sub`` would skip its whole value,
+    hiding the ``token=abc`` inside it from the next match. The value of an innocent pair is
+    searched again instead.
+    """
+    out: list[str] = []
+    pos = 0
+    while (m := pattern.search(text, pos)) is not None:
+        if secret(m):
+            out.append(text[pos:m.start()] + replace(m))
+            pos = m.end()
+        else:
+            resume = m.start(m.lastindex)  # the value's first character: search it again
+            out.append(text[pos:resume])
+            pos = resume
+    out.append(text[pos:])
+    return "".join(out)
+
+
 def redact_text(text: str) -> str:
     """Free text with every secret the rules above can see replaced by :data:`REDACTED`."""
     if not isinstance(text, str) or not text:
@@ -167,22 +191,16 @@ def redact_text(text: str) -> str:
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED if m.group(2) != REDACTED else m.group(0), text)
     text = _BASIC.sub(lambda m: m.group(1) + REDACTED, text)
     text = _URL_USERINFO.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
-    text = _URL_USER_ONLY.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
+    text = _URL_ANY_USERINFO.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
     text = _QUERY.sub(
         lambda m: m.group(1) + m.group(2) + "=" + _quoted(m.group(3)) if is_secret_name(m.group(2)) and m.group(3)
         else m.group(0),
         text,
     )
-    text = _ASSIGN.sub(
-        lambda m: m.group(1) + m.group(2) + m.group(3) + _quoted(m.group(4))
-        if is_secret_name(m.group(2)) and m.group(2).lower() not in _HEADER_NAMES else m.group(0),
-        text,
-    )
-    text = _FLAG_SPACE.sub(
-        lambda m: m.group(1) + m.group(2) + _quoted(m.group(3))
-        if is_secret_name(m.group(1).lstrip("-")) and "=" not in m.group(1) else m.group(0),
-        text,
-    )
+    text = _sub_pairs(_ASSIGN, text, lambda m: is_secret_name(m.group(2)) and m.group(2).lower() not in _HEADER_NAMES,
+                      lambda m: m.group(1) + m.group(2) + m.group(3) + _quoted(m.group(4)))
+    text = _sub_pairs(_FLAG_SPACE, text, lambda m: is_secret_name(m.group(1).lstrip("-")) and "=" not in m.group(1),
+                      lambda m: m.group(1) + m.group(2) + _quoted(m.group(3)))
     return _TOKEN_SHAPES.sub(REDACTED, text)
 
 

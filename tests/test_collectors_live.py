@@ -474,7 +474,7 @@ def test_real_argv_lines():
                                  "prefill", "--max-total-tokens", "4096"]
     assert not is_secret_name("max_total_tokens") and not is_secret_name("tokenizer_path")
     assert redact_text("curl -H 'Authorization: Bearer abc.def-ghi' http://a:b@c/?token=x&n=1") == (
-        f"curl -H 'Authorization: Bearer {REDACTED}' http://a:{REDACTED}@c/?token={REDACTED}&n=1")
+        f"curl -H 'Authorization: Bearer {REDACTED}' http://{REDACTED}@c/?token={REDACTED}&n=1")
 
 
 @pytest.mark.parametrize(("text", "expected"), [
