@@ -154,3 +154,67 @@ def test_no_planted_secret_survives_collect_diagnose_and_report(tmp_path):
     # issue 21's false positives: numeric settings whose names hold "token" keep their values
     info = json.dumps(pq.read_table(bundle / "frames" / "server_info.parquet").to_pylist())
     assert '\\"token_capacity\\": 4096' in info and '\\"ds_heavy_token_num\\": 256' in info, info[:2000]
+
+
+@pytest.mark.parametrize(("url", "what"), [
+    ("http://127.0.0.1:30000/?token=QzQueryWv", "a query or fragment has no place"),
+    ("http://127.0.0.1:30000/v1?token=QzQueryWv", "a query or fragment has no place"),
+    ("http://QzUserWv@127.0.0.1:30000", "a user or password in the URL is a credential"),
+    ("http://ops:QzPassWv@127.0.0.1:30000", "a user or password in the URL is a credential"),
+    ("http://127.0.0.1:30000/generate", "an engine URL is http(s)://host[:port], without a path"),
+    ("http://127.0.0.1:30000#QzFragWv", "a query or fragment has no place"),
+])
+def test_the_loader_refuses_engine_urls_with_a_path_query_or_userinfo_naming_file_and_field(tmp_path, url, what):
+    from forensics.inventory import InventoryError, load
+
+    with FakeEngine() as engine:
+        path = local_inventory(tmp_path / "inventory.toml", engine, url=url)
+    with pytest.raises(InventoryError) as caught:
+        load(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:") and "engine[0].url" in message and what in message, message
+    assert "Qz" not in message  # the refusal does not print the credential it refuses
+
+
+def test_prometheus_may_sit_behind_a_path_prefix_but_never_with_a_query(tmp_path):
+    from forensics.inventory import InventoryError, load
+
+    with FakeEngine() as engine:
+        path = local_inventory(tmp_path / "inventory.toml", engine)
+    text = path.read_text().replace('backend = "nixl"', 'backend = "nixl"\nprometheus = "http://prom:9090/prom/"')
+    path.write_text(text)
+    assert load(path).prometheus == "http://prom:9090/prom"
+    path.write_text(text.replace("/prom/", "/prom?token=QzWv"))
+    with pytest.raises(InventoryError, match=r"deployment\.prometheus: .http://prom:9090/prom\?<redacted>."):
+        load(path)
+
+
+@pytest.mark.parametrize("name", ["token_capacity", "ds_heavy_token_num", "tbo_token_distribution_threshold",
+                                  "max_total_tokens", "num_reserved_decode_tokens", "tokenizer_path"])
+def test_numeric_settings_named_after_tokens_are_not_secrets(name):
+    from forensics.redact import is_secret_name, redact_env, redact_text, redact_value
+
+    assert not is_secret_name(name)
+    assert redact_value({name: 4096}) == {name: 4096} and redact_env({name: "0.48"}) == {name: "0.48"}
+    assert redact_text(f"--{name.replace('_', '-')} 256 {name}=256") == f"--{name.replace('_', '-')} 256 {name}=256"
+
+
+@pytest.mark.parametrize("name", ["token", "HF_TOKEN", "hf_token", "access_token", "GITHUB_TOKEN", "api_key", "auth",
+                                  "password", "secret", "apiToken", "x-auth-token", "bearer"])
+def test_secret_shaped_names_still_are(name):
+    from forensics.redact import REDACTED, is_secret_name, redact_value
+
+    assert is_secret_name(name) and redact_value({name: "QzWv"}) == {name: REDACTED}
+
+
+@pytest.mark.parametrize("text", [
+    "KVTransferError: retry(token=QzSecretWv)",
+    "KVTransferError: api_key=QzSecretWv",
+    "error: password: QzSecretWv",
+    "see https://QzSecretWv@hub.example.com/x",
+    "see https://QzSecretWv:x-oauth-basic@github.com/x",
+])
+def test_a_secret_inside_an_innocent_pairs_value_is_found(text):
+    from forensics.redact import redact_text
+
+    assert "QzSecretWv" not in redact_text(text), redact_text(text)

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 import tomli_w
 
-from forensics.redact import redact_text
+from forensics.redact import REDACTED, redact_text
 
 from .errors import InventoryError
 from .locate import KeyPath, Locator, format_path
@@ -52,6 +52,19 @@ SECRET_KEYS = ("password", "passphrase")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*$")
 _HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TOML_LINE_RE = re.compile(r"at line (\d+)")
+
+
+def _shown_url(url: str) -> str:
+    """``url`` for an error line: its userinfo, query and fragment as ``<redacted>`` whatever their names."""
+    parsed = urlparse(url)
+    netloc = parsed.netloc
+    if not netloc:
+        return redact_text(url)  # not a URL it can take apart (``prom:9090``): shown as written, redacted
+    if "@" in netloc:
+        netloc = f"{REDACTED}@{netloc.rpartition('@')[2]}"
+    query = f"?{REDACTED}" if parsed.query or "?" in url else ""
+    fragment = f"#{REDACTED}" if parsed.fragment or "#" in url else ""
+    return f"{parsed.scheme}://{netloc}{parsed.path}{query}{fragment}"
 
 
 def dump(inventory: Inventory, path: str | Path) -> Path:
@@ -176,7 +189,7 @@ class _Checker:
             parsed.port  # noqa: B018 - raises on a bad port
         except ValueError:
             parsed = parsed._replace(netloc="")
-        shown = redact_text(url)
+        shown = _shown_url(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise self.error((*where, key), f"expected http(s)://host[:port], got {shown!r}")
         if "@" in parsed.netloc:
