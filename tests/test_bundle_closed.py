@@ -147,8 +147,26 @@ def test_collect_report_and_crash_files_are_private_whatever_the_umask(tmp_path)
     report_modes = _modes(report)
     assert "report.md" in report_modes and "report.html" in report_modes
     assert {n: m for n, m in report_modes.items() if m != ((report / n).is_dir() and 0o700 or 0o600)} == {}
-    copied = _modes(tmp_path / "investigation" / "evidence" / "incident")
-    assert copied["manifest.json"] == 0o600 and copied["frames/probes.parquet"] == 0o600
+    investigation = tmp_path / "investigation"
+    inv_modes = _modes(investigation)
+    assert "investigation.toml" in inv_modes and "verdicts/incident.json" in inv_modes
+    assert "evidence/incident/frames/probes.parquet" in inv_modes
+    assert {n: m for n, m in inv_modes.items() if m != ((investigation / n).is_dir() and 0o700 or 0o600)} == {}
+
+
+def test_an_investigation_copies_only_what_the_manifest_lists(tmp_path):
+    from forensics.report import Investigation
+
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$hash\n")
+    folder = bundle.write(_evidence(), tmp_path / "b")
+    (folder / "extra").symlink_to(secret)
+    (folder / "frames" / "more.parquet").symlink_to(secret)
+    inv = Investigation(tmp_path / "inv", target="t")
+    inv.add_bundle(folder)
+    copied = sorted(str(p.relative_to(tmp_path / "inv" / "evidence" / "incident"))
+                    for p in (tmp_path / "inv" / "evidence" / "incident").rglob("*"))
+    assert copied == ["frames", "frames/events.parquet", "frames/probes.parquet", "manifest.json"]
 
 
 def test_a_crash_file_is_private(tmp_path):
