@@ -183,10 +183,31 @@ def _sub_pairs(pattern: re.Pattern, text: str, secret, replace) -> str:
     return "".join(out)
 
 
+# Every rule but the token shapes needs one of these in the lowercased text: each secret word,
+# last word, pair and glued form of SECRET_NAMES holds one (api key: "api"; private key: "key"),
+# as do the header rules (authorization, bearer, basic). A log line with none of them (most
+# of a large log's events) costs one pass of ``in`` checks instead of every regex.
+_HINTS = ("secret", "pass", "pwd", "auth", "credential", "api", "cookie", "session", "bearer", "token", "key",
+          "basic")
+
+
+# What each of _TOKEN_SHAPES starts with (it is case-sensitive too).
+_SHAPE_HINTS = ("hf_", "sk-", "AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "glpat-")
+
+
+def _may_hold_named_secret(text: str) -> bool:
+    if "@" in text and "://" in text:
+        return True
+    lowered = text.lower()
+    return any(hint in lowered for hint in _HINTS)
+
+
 def redact_text(text: str) -> str:
     """Free text with every secret the rules above can see replaced by :data:`REDACTED`."""
     if not isinstance(text, str) or not text:
         return text
+    if not _may_hold_named_secret(text):
+        return _TOKEN_SHAPES.sub(REDACTED, text) if any(h in text for h in _SHAPE_HINTS) else text
     text = _AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) or "") + _quoted(m.group(3)), text)
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED if m.group(2) != REDACTED else m.group(0), text)
     text = _BASIC.sub(lambda m: m.group(1) + REDACTED, text)
