@@ -64,7 +64,10 @@ DEFAULT_LIVENESS_DEADLINE_S = 600.0
 DEFAULT_RESTART_TIMEOUT_S = 600.0
 PLACEHOLDER_TMPDIR = "/tmp/pd-forensics-deploy.XXXXXXXX"
 PLACEHOLDER_STAMP = "STAMP"
-BACKUP_MODE = 0o600  # a backup and its record: the owner of the file they copy reads them, nobody else
+# A backup and its record: their owner reads them, nobody else. Only without sudo: through
+# sudo they are root's, and the operator reads them back (and a rollback reads the backup)
+# without sudo, so there they keep the modes docs/LIVE.md's sudoers rules name.
+BACKUP_MODE = 0o600
 
 
 def _inventory(source: Any):
@@ -169,6 +172,13 @@ class EnginePlan:
         return (f"{self.directory}/{name}.pd-forensics-backup-{stamp}",
                 f"{self.directory}/{name}.pd-forensics-record-{stamp}.json")
 
+    def backup_owners(self) -> tuple[Owner, Owner]:
+        """The record's and the backup's owner and mode: 0600 unless written through sudo (BACKUP_MODE)."""
+        owner = self.owner
+        if not self.sudo:
+            return Owner(owner.uid, owner.gid, BACKUP_MODE), Owner(owner.uid, owner.gid, BACKUP_MODE)
+        return Owner(owner.uid, owner.gid, 0o644), owner
+
     def write_commands(self, tmpdir: str = PLACEHOLDER_TMPDIR, stamp: str = PLACEHOLDER_STAMP) -> list[list[str]]:
         """The commands that write the backup and the patched file (the uploads are SFTP, not commands)."""
         backup, record = self.backup_paths(stamp)
@@ -176,9 +186,9 @@ class EnginePlan:
         owner = self.owner
         commands = [["mktemp", "-d", remote_file.TMPDIR_TEMPLATE],
                     [self.python, "-m", "py_compile", f"{tmpdir}/conn.py"]]
-        private = Owner(owner.uid, owner.gid, BACKUP_MODE)
-        for source, dest, who in ((f"{tmpdir}/record.json", record, private),
-                                  (f"{tmpdir}/backup", backup, private), (f"{tmpdir}/conn.py", self.path, owner)):
+        record_owner, backup_owner = self.backup_owners()
+        for source, dest, who in ((f"{tmpdir}/record.json", record, record_owner),
+                                  (f"{tmpdir}/backup", backup, backup_owner), (f"{tmpdir}/conn.py", self.path, owner)):
             temp = remote_file.temp_name(dest)
             commands += [[*sudo, "install", *who.install_args(), source, temp], ["sync"],
                          [*sudo, "mv", "-f", temp, dest], ["sync"]]
@@ -491,9 +501,10 @@ def _write_engine(rec: Recorder, plan: EnginePlan, data: bytes, *, backup: bool)
             rec.run(step, [plan.python, "-m", "py_compile", conn_tmp])
             step.detail = f"{plan.python} -m py_compile: ok"
         if backup:
-            private = Owner(owner.uid, owner.gid, BACKUP_MODE)
-            remote_file.install_atomically(rec, f"{tmpdir}/record.json", record_path, private, uploads["record.json"])
-            remote_file.install_atomically(rec, f"{tmpdir}/backup", backup_path, private, plan.original)
+            record_owner, backup_owner = plan.backup_owners()
+            remote_file.install_atomically(rec, f"{tmpdir}/record.json", record_path, record_owner,
+                                           uploads["record.json"])
+            remote_file.install_atomically(rec, f"{tmpdir}/backup", backup_path, backup_owner, plan.original)
         with rec.step("check the file is still the one planned") as step:
             now = rec.host.read_file(plan.path)
             if now != plan.original:

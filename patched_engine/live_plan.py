@@ -120,9 +120,8 @@ def _deploy(engine, host: str, phase: str) -> list[PlannedCommand]:
     if phase == "deploy":
         out.append(PlannedCommand(phase, engine.name, host, (python, "-m", "py_compile", f"{PLACEHOLDER_TMPDIR}/conn.py"),
                                   "compile the patched file with the engine's interpreter"))
-        # 0600: a backup and its record are read by their owner only (deploy.BACKUP_MODE)
-        out += _write(engine, host, phase, "record.json", record, "0600")
-        out += _write(engine, host, phase, "backup", backup, "0600")
+        out += _write(engine, host, phase, "record.json", record, "0644")
+        out += _write(engine, host, phase, "backup", backup, "MODE")
     else:
         out.append(PlannedCommand(phase, engine.name, host, (python, "-m", "py_compile", f"{PLACEHOLDER_TMPDIR}/conn.py"),
                                   "compile the backup's bytes (read and sha256-checked first) with the interpreter"))
@@ -186,7 +185,7 @@ def sudoers_rules(source: Any, *, user: str = "ops", uid: int = 0, gid: int = 0,
             argv = list(c.argv[3:] if c.argv[:3] == SUDO else c.argv[2:])
             text = " ".join([_full(argv[0]), *argv[1:]])
             text = (text.replace("-o UID -g GID -m MODE", f"-o {uid} -g {gid} -m {mode}")
-                    .replace("-o UID -g GID -m 0600", f"-o {uid} -g {gid} -m 0600")
+                    .replace("-o UID -g GID -m 0644", f"-o {uid} -g {gid} -m 0644")
                     .replace(PLACEHOLDER_TMPDIR, TMPDIR_GLOB).replace(PLACEHOLDER_STAMP, STAMP_GLOB))
             variants = [text]
             if argv[0] == engine_journalctl(inv, c.engine):

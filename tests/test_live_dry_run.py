@@ -73,8 +73,8 @@ def test_deploy_touches_only_the_prefill_with_its_interpreter_and_systemctl():
         [PY, "-c", LOCATE_SCRIPT, SITE],
         ["mktemp", "-d", TMP],
         [PY, "-m", "py_compile", f"{TMP}/conn.py"],
-        *_write("record.json", f"{NIXL}/conn.py.pd-forensics-record-STAMP.json", "0600"),  # owner-only
-        *_write("backup", f"{NIXL}/conn.py.pd-forensics-backup-STAMP", "0600"),
+        *_write("record.json", f"{NIXL}/conn.py.pd-forensics-record-STAMP.json", "0644"),
+        *_write("backup", f"{NIXL}/conn.py.pd-forensics-backup-STAMP", "MODE"),
         *_write("conn.py", f"{NIXL}/conn.py", "MODE"),
         ["rm", "-rf", "--", TMP],
         *RM_PYC,
