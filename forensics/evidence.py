@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from forensics.hosts.result import CommandResult
+from forensics.redact import redact_argv, redact_text
 
 PIECES = ("metrics", "probes", "loads", "server_info", "threads", "logs", "settings", "processes")
 
@@ -32,6 +33,12 @@ class Gap:
     def __post_init__(self) -> None:
         if self.piece not in PIECES:
             raise ValueError(f"Gap.piece must be one of {PIECES}, got {self.piece!r}")
+        # A reason quotes what failed (a command line, a URL, an error text): every Gap is
+        # redacted here, so no collector can forget to (redaction is idempotent).
+        for name in ("target", "reason", "fix"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, redact_text(value))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,13 +52,13 @@ def command_record(result: CommandResult) -> dict[str, Any]:
     """A CommandResult as the manifest keeps it: what ran where, and how it ended (no output)."""
     return {
         "host": result.host,
-        "argv": list(result.argv),
-        "command_line": result.command_line,
+        "argv": redact_argv(result.argv),
+        "command_line": redact_text(result.command_line),
         "state": result.state.value,
         "exit_code": result.exit_code,
         "duration_s": round(result.duration_s, 6),
         "truncated": result.truncated,
-        "error": result.error,
+        "error": redact_text(result.error) if isinstance(result.error, str) else result.error,
         "stdout_bytes": len(result.stdout),
         "stderr_bytes": len(result.stderr),
     }

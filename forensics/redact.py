@@ -10,7 +10,8 @@ there without seeing it. The rules (docs/settings.md):
   password, passwd, auth, credential, private_key, access_key ..., any case, any separator,
   camelCase too) keeps its name and loses its value;
 * **text**: anywhere in free text, ``Authorization:`` header values, ``Bearer <token>``,
-  ``Basic <base64>``, the password in a URL's userinfo (``http://user:<redacted>@host``),
+  ``Basic <base64>``, a URL's userinfo (``http://<redacted>@host``; for ssh:// only the
+  password: ``ssh://ops:<redacted>@host``),
   secret-named query parameters, ``NAME=value`` / ``--name=value`` / ``--name value`` pairs
   with a secret name, and values shaped like well-known tokens (``hf_...``, ``sk-...``,
   ``AKIA...``, ``ghp_...``, ``xox?-...``) whatever their key;
@@ -40,20 +41,29 @@ __all__ = [
 
 REDACTED = "<redacted>"
 
-# Whole words (after splitting a name on separators and camelCase) that mark a secret.
-_SECRET_WORDS = frozenset({
-    "token", "secret", "secrets", "password", "passwd", "pwd", "passphrase", "auth", "authorization",
-    "credential", "credentials", "apikey", "cookie", "sessionid", "bearer",
-})
-# Adjacent word pairs that mark a secret ("api key", "private key", "access key", ...).
-_SECRET_PAIRS = frozenset({
-    ("api", "key"), ("private", "key"), ("access", "key"), ("secret", "key"), ("client", "secret"),
-    ("auth", "token"), ("access", "token"), ("refresh", "token"), ("session", "token"), ("signing", "key"),
-    ("encryption", "key"), ("master", "key"), ("account", "key"), ("service", "key"),
-})
-# Substrings of the name with separators removed: glued forms such as OPENAI_APIKEY, mysecret.
-_SECRET_GLUED = ("apikey", "password", "passwd", "secret", "credential", "privatekey", "accesskey",
-                 "authtoken", "accesstoken", "bearertoken")
+# The one table of what is secret: every collector, the gap and command records and the
+# bundle ask :func:`is_secret_name`, which reads only this table (docs/settings.md lists it).
+# A name is split on separators and camelCase into lowercase words first.
+SECRET_NAMES: dict[str, frozenset] = {
+    # a word that marks a secret wherever it stands in the name
+    "words": frozenset({
+        "secret", "secrets", "password", "passwd", "pwd", "passphrase", "auth", "authorization",
+        "credential", "credentials", "apikey", "cookie", "sessionid", "bearer",
+    }),
+    # a word that marks a secret only as the name's last word: HF_TOKEN, access_token and
+    # --token hold one, but sglang's numeric settings token_capacity, ds_heavy_token_num and
+    # tbo_token_distribution_threshold only name a count of tokens
+    "last_words": frozenset({"token"}),
+    # adjacent word pairs ("api key", "private key", ...)
+    "pairs": frozenset({
+        ("api", "key"), ("private", "key"), ("access", "key"), ("secret", "key"), ("client", "secret"),
+        ("signing", "key"), ("encryption", "key"), ("master", "key"), ("account", "key"), ("service", "key"),
+    }),
+    # substrings of the name with its separators removed: glued forms such as OPENAI_APIKEY
+    "glued": frozenset({"apikey", "password", "passwd", "secret", "credential", "privatekey", "accesskey"}),
+}
+# glued forms ending the name (HFAUTHTOKEN, "accesstoken"): "token" at the end again
+_GLUED_LAST = ("authtoken", "accesstoken", "bearertoken", "apitoken", "hftoken")
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _SPLIT = re.compile(r"[^A-Za-z0-9]+")
@@ -67,17 +77,20 @@ def is_secret_name(name: str) -> bool:
     """Whether a key, variable, parameter or flag name looks like it holds a secret.
 
     ``HF_TOKEN``, ``--api-key``, ``apiKey``, ``admin_api_key``, ``AWS_SECRET_ACCESS_KEY``,
-    ``db.password`` are; ``max_total_tokens``, ``tokenizer_path``, ``author`` are not.
+    ``db.password`` are; ``max_total_tokens``, ``tokenizer_path``, ``author``, ``token_capacity``
+    and ``ds_heavy_token_num`` are not.
     """
     if not isinstance(name, str) or not name:
         return False
     words = _words(name)
-    if any(w in _SECRET_WORDS for w in words):
+    if not words:
+        return False
+    if any(w in SECRET_NAMES["words"] for w in words) or words[-1] in SECRET_NAMES["last_words"]:
         return True
-    if any(pair in _SECRET_PAIRS for pair in zip(words, words[1:])):
+    if any(pair in SECRET_NAMES["pairs"] for pair in zip(words, words[1:])):
         return True
     glued = "".join(words)
-    return any(s in glued for s in _SECRET_GLUED)
+    return any(s in glued for s in SECRET_NAMES["glued"]) or glued.endswith(_GLUED_LAST)
 
 
 def _keep_as_is(value: Any) -> bool:
@@ -94,7 +107,11 @@ _AUTH_HEADER = re.compile(
 )
 _BEARER = re.compile(r"(?i)(\bbearer\s+)([A-Za-z0-9._~+/=\-]{6,})")
 _BASIC = re.compile(r"(\bBasic\s+)([A-Za-z0-9+/]{6,}={0,2})")
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@?#]*:)([^/\s@?#]+)(@)")
+# The password of a URL's userinfo (ssh://ops:<redacted>@host keeps the login name the reader
+# needs); in any other scheme the whole userinfo, since a token is as often the user
+# (https://TOKEN@host, https://TOKEN:x-oauth-basic@github.com) as the password.
+_URL_USERINFO = re.compile(r"(?i)\b((?:ssh|sftp)://[^/\s:@?#]*:)([^/\s@?#]+)(@)")
+_URL_ANY_USERINFO = re.compile(r"(?i)\b((?!ssh://|sftp://)[a-z][a-z0-9+.\-]*://)([^/\s@?#<>]+)(@)")
 _QUERY = re.compile(r"([?&;])([^=&#\s]+)=([^&#\s\"']*)")
 # NAME=value, --name=value, "name": "value", name: value (the value up to a separator).
 _ASSIGN = re.compile(
@@ -114,7 +131,7 @@ _HEADER_NAMES = ("authorization", "proxy-authorization")  # their values: _AUTH_
 
 
 def redact_url(url: str) -> str:
-    """The URL with the password of its userinfo and secret-named query values redacted."""
+    """The URL with its userinfo (for ssh://, the password) and secret-named query values redacted."""
     return redact_text(url)
 
 
@@ -144,29 +161,67 @@ def _split_closers(value: str) -> tuple[str, str]:
     return value[:end], value[end:]
 
 
+def _sub_pairs(pattern: re.Pattern, text: str, secret, replace) -> str:
+    """``pattern.sub`` over (name, separator, value) matches that resumes after the separator of a non-secret one.
+
+    In ``KVTransferError: retry(token=abc)`` the pair ``KVTransferError: retry(token=abc)``
+    matches first; its name is not secret, and a plain ``sub`` would skip its whole value,
+    hiding the ``token=abc`` inside it from the next match. The value of an innocent pair is
+    searched again instead.
+    """
+    out: list[str] = []
+    pos = 0
+    while (m := pattern.search(text, pos)) is not None:
+        if secret(m):
+            out.append(text[pos:m.start()] + replace(m))
+            pos = m.end()
+        else:
+            resume = m.start(m.lastindex)  # the value's first character: search it again
+            out.append(text[pos:resume])
+            pos = resume
+    out.append(text[pos:])
+    return "".join(out)
+
+
+# Every rule but the token shapes needs one of these in the lowercased text: each secret word,
+# last word, pair and glued form of SECRET_NAMES holds one (api key: "api"; private key: "key"),
+# as do the header rules (authorization, bearer, basic). A log line with none of them (most
+# of a large log's events) costs one pass of ``in`` checks instead of every regex.
+_HINTS = ("secret", "pass", "pwd", "auth", "credential", "api", "cookie", "session", "bearer", "token", "key",
+          "basic")
+
+
+# What each of _TOKEN_SHAPES starts with (it is case-sensitive too).
+_SHAPE_HINTS = ("hf_", "sk-", "AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "glpat-")
+
+
+def _may_hold_named_secret(text: str) -> bool:
+    if "@" in text and "://" in text:
+        return True
+    lowered = text.lower()
+    return any(hint in lowered for hint in _HINTS)
+
+
 def redact_text(text: str) -> str:
     """Free text with every secret the rules above can see replaced by :data:`REDACTED`."""
     if not isinstance(text, str) or not text:
         return text
+    if not _may_hold_named_secret(text):
+        return _TOKEN_SHAPES.sub(REDACTED, text) if any(h in text for h in _SHAPE_HINTS) else text
     text = _AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) or "") + _quoted(m.group(3)), text)
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED if m.group(2) != REDACTED else m.group(0), text)
     text = _BASIC.sub(lambda m: m.group(1) + REDACTED, text)
     text = _URL_USERINFO.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
+    text = _URL_ANY_USERINFO.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
     text = _QUERY.sub(
         lambda m: m.group(1) + m.group(2) + "=" + _quoted(m.group(3)) if is_secret_name(m.group(2)) and m.group(3)
         else m.group(0),
         text,
     )
-    text = _ASSIGN.sub(
-        lambda m: m.group(1) + m.group(2) + m.group(3) + _quoted(m.group(4))
-        if is_secret_name(m.group(2)) and m.group(2).lower() not in _HEADER_NAMES else m.group(0),
-        text,
-    )
-    text = _FLAG_SPACE.sub(
-        lambda m: m.group(1) + m.group(2) + _quoted(m.group(3))
-        if is_secret_name(m.group(1).lstrip("-")) and "=" not in m.group(1) else m.group(0),
-        text,
-    )
+    text = _sub_pairs(_ASSIGN, text, lambda m: is_secret_name(m.group(2)) and m.group(2).lower() not in _HEADER_NAMES,
+                      lambda m: m.group(1) + m.group(2) + m.group(3) + _quoted(m.group(4)))
+    text = _sub_pairs(_FLAG_SPACE, text, lambda m: is_secret_name(m.group(1).lstrip("-")) and "=" not in m.group(1),
+                      lambda m: m.group(1) + m.group(2) + _quoted(m.group(3)))
     return _TOKEN_SHAPES.sub(REDACTED, text)
 
 

@@ -568,6 +568,11 @@ def _problem(plan: ApplyPlan, exc: OSError, doing: str, where: Path) -> Environm
     return problem
 
 
+def _private(info: os.stat_result) -> os.stat_result:
+    """``info`` with mode 0600: a backup and its record keep the file's owner but only the owner reads them."""
+    return os.stat_result((stat.S_IFREG | 0o600, *tuple(info)[1:]))
+
+
 def _write_backup(plan: ApplyPlan, data: bytes, info: os.stat_result) -> tuple[Path, Path]:
     backup, record = plan.backup_path, plan.record_path
     content = {
@@ -584,9 +589,11 @@ def _write_backup(plan: ApplyPlan, data: bytes, info: os.stat_result) -> tuple[P
     }
     try:
         backup.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(record, (json.dumps(content, indent=1) + "\n").encode(), like=None)
+        _write_atomically(record, (json.dumps(content, indent=1) + "\n").encode(), like=_private(info),
+                          strict_owner=False)
         try:
-            _write_atomically(backup, data, like=info, strict_owner=False, after_temp_write="after-backup-temp-write")
+            _write_atomically(backup, data, like=_private(info), strict_owner=False,
+                              after_temp_write="after-backup-temp-write")
         except BaseException:
             with contextlib.suppress(OSError):
                 record.unlink()
@@ -662,6 +669,16 @@ def verify_backup(backup: str | Path) -> str:
     return digest
 
 
+def _recorded_mode(backup: Path) -> os.stat_result:
+    """The backup's owner with the mode its record kept (the backup itself is 0600)."""
+    info = os.stat(backup)
+    try:
+        mode = int(json.loads(record_path_for(backup).read_text(encoding="utf-8"))["mode"], 8)
+    except (OSError, ValueError, KeyError, TypeError):
+        return info
+    return os.stat_result((stat.S_IFREG | stat.S_IMODE(mode), *tuple(info)[1:]))
+
+
 def restore_backup(path: str | Path, backup: str | Path) -> None:
     """Rollback: put ``backup`` back at ``path`` atomically (the backup itself is kept).
 
@@ -673,7 +690,7 @@ def restore_backup(path: str | Path, backup: str | Path) -> None:
     try:
         verify_backup(backup)
         data = backup.read_bytes()
-        like = os.stat(target) if target.exists() else os.stat(backup)
+        like = os.stat(target) if target.exists() else _recorded_mode(backup)
         _write_atomically(target, data, like=like, compile_check=True)
     except OSError as exc:
         where = exc.filename or target

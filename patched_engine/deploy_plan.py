@@ -27,6 +27,10 @@ from patched_engine.snippets import PATCH_ID
 SENTINEL_RE = re.compile(r'^PD_FORENSICS_PATCH\s*=\s*["\']([^"\']+)["\']', re.M)
 PLACEHOLDER_TMPDIR = "/tmp/pd-forensics-deploy.XXXXXXXX"
 PLACEHOLDER_STAMP = "STAMP"
+# A backup and its record: their owner reads them, nobody else. Only without sudo: through
+# sudo they are root's, and the operator reads them back (and a rollback reads the backup)
+# without sudo, so there they keep the modes docs/LIVE.md's sudoers rules name.
+BACKUP_MODE = 0o600
 
 
 def load_inventory(source: Any):
@@ -142,6 +146,13 @@ class EnginePlan:
         return (f"{self.directory}/{name}.pd-forensics-backup-{stamp}",
                 f"{self.directory}/{name}.pd-forensics-record-{stamp}.json")
 
+    def backup_owners(self) -> tuple[Owner, Owner]:
+        """The record's and the backup's owner and mode: 0600 unless written through sudo (BACKUP_MODE)."""
+        owner = self.owner
+        if not self.sudo:
+            return Owner(owner.uid, owner.gid, BACKUP_MODE), Owner(owner.uid, owner.gid, BACKUP_MODE)
+        return Owner(owner.uid, owner.gid, 0o644), owner
+
     def write_commands(self, tmpdir: str = PLACEHOLDER_TMPDIR, stamp: str = PLACEHOLDER_STAMP) -> list[list[str]]:
         """The commands that write the backup and the patched file (the uploads are SFTP, not commands)."""
         backup, record = self.backup_paths(stamp)
@@ -149,8 +160,9 @@ class EnginePlan:
         owner = self.owner
         commands = [["mktemp", "-d", remote_file.TMPDIR_TEMPLATE],
                     [self.python, "-m", "py_compile", f"{tmpdir}/conn.py"]]
-        for source, dest, who in ((f"{tmpdir}/record.json", record, Owner(owner.uid, owner.gid, 0o644)),
-                                  (f"{tmpdir}/backup", backup, owner), (f"{tmpdir}/conn.py", self.path, owner)):
+        record_owner, backup_owner = self.backup_owners()
+        for source, dest, who in ((f"{tmpdir}/record.json", record, record_owner),
+                                  (f"{tmpdir}/backup", backup, backup_owner), (f"{tmpdir}/conn.py", self.path, owner)):
             temp = remote_file.temp_name(dest)
             commands += [[*sudo, "install", *who.install_args(), source, temp], ["sync"],
                          [*sudo, "mv", "-f", temp, dest], ["sync"]]

@@ -21,7 +21,7 @@ from patched_engine import remote_file
 from patched_engine.deploy_plan import DeployPlan, EnginePlan, plan_deploy, stamp
 from patched_engine.deploy_record import DeployRecord
 from patched_engine.interrupts import Interrupted
-from patched_engine.remote_file import Owner, Recorder, Step, StepFailed, result_record
+from patched_engine.remote_file import Recorder, Step, StepFailed, result_record
 
 Checkpoint = Callable[[str], None]
 
@@ -116,9 +116,10 @@ def write_engine(rec: Recorder, plan: EnginePlan, data: bytes, *, backup: bool,
             rec.run(step, [plan.python, "-m", "py_compile", conn_tmp])
             step.detail = f"{plan.python} -m py_compile: ok"
         if backup:
-            remote_file.install_atomically(rec, f"{tmpdir}/record.json", record_path,
-                                           Owner(owner.uid, owner.gid, 0o644), uploads["record.json"])
-            remote_file.install_atomically(rec, f"{tmpdir}/backup", backup_path, owner, plan.original)
+            record_owner, backup_owner = plan.backup_owners()
+            remote_file.install_atomically(rec, f"{tmpdir}/record.json", record_path, record_owner,
+                                           uploads["record.json"])
+            remote_file.install_atomically(rec, f"{tmpdir}/backup", backup_path, backup_owner, plan.original)
         checkpoint(f"before writing {plan.path} (it is unchanged)")
         with rec.step("check the file is still the one planned") as step:
             now = rec.host.read_file(plan.path)

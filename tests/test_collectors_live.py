@@ -218,7 +218,7 @@ def test_settings_of_a_retitled_scheduler_read_the_parent_env(engine):
     env = dict(zip(frame.loc[frame.source == "env", "name"], frame.loc[frame.source == "env", "value"]))
     assert env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "3600"
     assert env["MOONCAKE_AUTH_TOKEN"] == REDACTED  # kept, so the reader knows it is set
-    assert env["NIXL_PLUGIN_DIR"] == f"http://ops:{REDACTED}@plugins.example/nixl"
+    assert env["NIXL_PLUGIN_DIR"] == f"http://{REDACTED}@plugins.example/nixl"  # the whole userinfo of an http URL
     assert "HF_TOKEN" not in env and "SOMETHING_ELSE" not in env and "AWS_SECRET_ACCESS_KEY" not in env
     ids = {f.id for f in s.findings}
     assert {"pd_timeout_high", "health_check_timeout_high", "health_generation_disabled"} <= ids
@@ -475,7 +475,7 @@ def test_real_argv_lines():
                                  "prefill", "--max-total-tokens", "4096"]
     assert not is_secret_name("max_total_tokens") and not is_secret_name("tokenizer_path")
     assert redact_text("curl -H 'Authorization: Bearer abc.def-ghi' http://a:b@c/?token=x&n=1") == (
-        f"curl -H 'Authorization: Bearer {REDACTED}' http://a:{REDACTED}@c/?token={REDACTED}&n=1")
+        f"curl -H 'Authorization: Bearer {REDACTED}' http://{REDACTED}@c/?token={REDACTED}&n=1")
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -421,7 +421,8 @@ def test_scraper_rejects_bad_arguments():
     assert mc.metrics_url("http://10.0.3.17:30000") == "http://10.0.3.17:30000/metrics"
     assert mc.metrics_url("http://10.0.3.17:30000/metrics") == "http://10.0.3.17:30000/metrics"
     assert mc.metrics_url("10.0.3.17:30000/") == "http://10.0.3.17:30000/metrics"
-    assert mc.redact_url("http://ops:s3cret@10.0.3.17:30000/metrics") == "http://ops:***@10.0.3.17:30000/metrics"
+    assert mc.redact_url("http://ops:s3cret@10.0.3.17:30000/metrics?token=t0k") == (
+        "http://<redacted>@10.0.3.17:30000/metrics?token=<redacted>")
     record = mc.scrape_once("prefill", "h", f"http://ops:s3cret@127.0.0.1:{free_port()}", timeout_s=5)
     assert not record.ok and "s3cret" not in record.url and "s3cret" not in (record.error or "")
 

@@ -83,13 +83,18 @@ def test_owner_group_and_mode_are_kept(tmp_path, original_bytes) -> None:
     info = conn.stat()
     assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (1234, 1234, 0o640)
     assert snippets.SENTINEL_NAME.encode() in conn.read_bytes()
-    # The backup holds the same bytes and is no more readable than the original was.
-    backup = result.backup.stat()
-    assert (backup.st_uid, backup.st_gid, stat.S_IMODE(backup.st_mode)) == (1234, 1234, 0o640)
-    # A rollback keeps them too.
+    # The backup and its record keep the owner and are readable by it only (0600, issue 19).
+    for kept in (result.backup, result.record):
+        backup = kept.stat()
+        assert (backup.st_uid, backup.st_gid, stat.S_IMODE(backup.st_mode)) == (1234, 1234, 0o600), kept
+    # A rollback keeps the file's owner and mode; with the file gone, the record's mode (not the backup's).
     restore_backup(conn, result.backup)
     info = conn.stat()
     assert conn.read_bytes() == original_bytes
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (1234, 1234, 0o640)
+    conn.unlink()
+    restore_backup(conn, result.backup)
+    info = conn.stat()
     assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (1234, 1234, 0o640)
 
 

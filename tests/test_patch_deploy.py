@@ -116,6 +116,9 @@ def test_deploy_over_ssh_restart_liveness_status_rollback(twin, sshd, wheel, pat
     assert all(c["state"] == "ok" for s in record.steps for c in s.commands)
     backups = list(conn.parent.glob("conn.py.pd-forensics-backup-*"))
     assert len(backups) == 1 and backups[0].read_bytes() == wheel["original"]
+    # Written as the login user (sudo = false): the backup and its record are its own only (issue 19).
+    records = list(conn.parent.glob("conn.py.pd-forensics-record-*.json"))
+    assert [stat.S_IMODE(p.stat().st_mode) for p in backups + records] == [0o600, 0o600]
 
     done = forensics("status", "--inventory", str(inventory), "--json")
     assert done.returncode == 0, done.stderr

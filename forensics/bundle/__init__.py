@@ -11,9 +11,9 @@ match their checksums, naming the file.
 
 from __future__ import annotations
 
-from .store import MANIFEST_NAME, SCHEMA, BundleError, open_bundle, write_bundle
+from .store import MANIFEST_NAME, SCHEMA, BundleError, check_out, open_bundle, write_bundle
 
 open = open_bundle  # noqa: A001 - fx.bundle.open(DIR) reads like the built-in it mirrors
 write = write_bundle
 
-__all__ = ["MANIFEST_NAME", "SCHEMA", "BundleError", "open", "open_bundle", "write", "write_bundle"]
+__all__ = ["MANIFEST_NAME", "SCHEMA", "BundleError", "check_out", "open", "open_bundle", "write", "write_bundle"]

@@ -39,12 +39,13 @@ def command(inventory, out, since, until, sample_s, as_json) -> None:
     Exit 0 when every piece was collected, 3 when some piece is missing (named), 4 when
     nothing could be.
     """
-    from forensics.bundle import write_bundle
+    from forensics.bundle import check_out, write_bundle
     from forensics.collection import collect, collection_status
     from forensics.exitcodes import UsageProblem
 
     if inventory is None:
         raise UsageProblem("collect needs --inventory FILE (a twin's is printed by 'forensics twin up')")
+    check_out(out)  # before any probe: a bundle that cannot be written must not cost the deployment a probe
     bar, update = _progress_bar(as_json)
     if bar is not None:
         bar.start()

@@ -131,26 +131,28 @@ def _one_line(exc: BaseException) -> str:
 
 
 def crash_dir() -> Path:
+    """The folder crash files go to, 0700: a traceback quotes command lines and local values."""
+    from forensics.private_files import make_private_dir
+
     try:
         from forensics.cache import cache_dir
 
-        directory = cache_dir() / "crash"
-        directory.mkdir(parents=True, exist_ok=True)
-        return directory
+        return make_private_dir(cache_dir() / "crash", claim=True)
     except OSError:
-        directory = Path(tempfile.gettempdir()) / "pd-forensics-crash"
-        directory.mkdir(parents=True, exist_ok=True)
-        return directory
+        return make_private_dir(Path(tempfile.gettempdir()) / f"pd-forensics-crash-{os.getuid()}", claim=True)
 
 
 def save_crash(exc: BaseException, argv: list[str]) -> Path | None:
-    """Write the traceback (and the command line) where the user can send it; None if even that fails."""
+    """Write the traceback (and the command line, redacted) where the user can send it, 0600; None if even that fails."""
+    from forensics.private_files import write_private
+    from forensics.redact import redact_argv, redact_text
+
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S")
     try:
         path = crash_dir() / f"{stamp}-{os.getpid()}.txt"
-        text = "forensics " + " ".join(argv) + "\n\n" + "".join(
-            traceback.format_exception(type(exc), exc, exc.__traceback__))
-        path.write_text(text, encoding="utf-8")
+        text = "forensics " + " ".join(redact_argv(argv)) + "\n\n" + redact_text("".join(
+            traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        write_private(path, text.encode("utf-8"))
         return path
     except OSError:
         return None

@@ -31,6 +31,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+# URLs are recorded through the one table of what is secret (forensics.redact)
+from forensics.redact import redact_url
+
 from . import bounded_http
 from .bounded_http import METRICS_LIMITS, LimitExceeded, ReadLimits
 
@@ -424,15 +427,6 @@ def metrics_url(url: str) -> str:
     if not path.endswith("/metrics"):
         path = f"{path}/metrics"
     return urllib.parse.urlunsplit((parts.scheme or "http", parts.netloc, path, parts.query, ""))
-
-
-def redact_url(url: str) -> str:
-    """The URL as recorded in Evidence: a password in it never reaches a frame (``user:***@``)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def _describe(exc: BaseException) -> str:

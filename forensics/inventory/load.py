@@ -18,6 +18,8 @@ from urllib.parse import urlparse
 
 import tomli_w
 
+from forensics.redact import REDACTED, redact_text
+
 from .errors import InventoryError
 from .locate import KeyPath, Locator, format_path
 from .model import (
@@ -54,6 +56,19 @@ _HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TOML_LINE_RE = re.compile(r"at line (\d+)")
 # Inventories are a few KiB; this bounds what a wrong path (a log, a device) can cost to read.
 MAX_INVENTORY_BYTES = 1024 * 1024
+
+
+def _shown_url(url: str) -> str:
+    """``url`` for an error line: its userinfo, query and fragment as ``<redacted>`` whatever their names."""
+    parsed = urlparse(url)
+    netloc = parsed.netloc
+    if not netloc:
+        return redact_text(url)  # not a URL it can take apart (``prom:9090``): shown as written, redacted
+    if "@" in netloc:
+        netloc = f"{REDACTED}@{netloc.rpartition('@')[2]}"
+    query = f"?{REDACTED}" if parsed.query or "?" in url else ""
+    fragment = f"#{REDACTED}" if parsed.fragment or "#" in url else ""
+    return f"{parsed.scheme}://{netloc}{parsed.path}{query}{fragment}"
 
 
 def dump(inventory: Inventory, path: str | Path) -> Path:
@@ -193,7 +208,15 @@ class _Checker:
             raise self.error((*where, key), f"{value} is not a TCP port")
         return value
 
-    def http_url(self, table: dict[str, Any], where: KeyPath, key: str, *, required: bool = False) -> str | None:
+    def http_url(self, table: dict[str, Any], where: KeyPath, key: str, *, required: bool = False,
+                 path_allowed: bool = False) -> str | None:
+        """``scheme://host[:port]`` (plus a path prefix where ``path_allowed``), nothing else.
+
+        The tool builds every request URL by appending to this one, so a path or query here
+        would end up in the middle of them (``http://h:1/?token=X/health``); and a userinfo or
+        query is where a credential hides, which an inventory never holds. The message shows
+        the URL redacted: the error line is printed and logged.
+        """
         url = self.get(table, where, key, str, required=required)
         if url is None:
             return None
@@ -202,8 +225,18 @@ class _Checker:
             parsed.port  # noqa: B018 - raises on a bad port
         except ValueError:
             parsed = parsed._replace(netloc="")
+        shown = _shown_url(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise self.error((*where, key), f"expected http(s)://host[:port], got {url!r}")
+            raise self.error((*where, key), f"expected http(s)://host[:port], got {shown!r}")
+        if "@" in parsed.netloc:
+            raise self.error((*where, key), f"{shown!r}: a user or password in the URL is a credential, and an "
+                             "inventory never holds one; give http(s)://host[:port]")
+        if parsed.query or parsed.fragment or url.rstrip("/").endswith(("?", "#")):
+            raise self.error((*where, key), f"{shown!r}: a query or fragment has no place in this URL (requests "
+                             "are built by appending a path to it); give http(s)://host[:port]")
+        if parsed.path.strip("/") and not path_allowed:
+            raise self.error((*where, key), f"{shown!r}: an engine URL is http(s)://host[:port], without a path "
+                             f"(got {parsed.path!r}; the tool appends /health, /metrics, ... itself)")
         return url.rstrip("/")
 
     # -- the document ------------------------------------------------------------------------------
@@ -222,7 +255,7 @@ class _Checker:
         backend = self.get(deployment, where, "backend", str)
         if backend is not None and backend not in BACKENDS:
             raise self.error((*where, "backend"), f"expected one of {BACKENDS}, got {backend!r}")
-        prometheus = self.http_url(deployment, where, "prometheus")
+        prometheus = self.http_url(deployment, where, "prometheus", path_allowed=True)  # behind a proxy prefix
         hosts = self.hosts(data.get("hosts", {}))
         raw_engines = data.get("engine")
         if not isinstance(raw_engines, list) or not raw_engines:

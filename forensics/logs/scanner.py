@@ -38,6 +38,7 @@ from forensics.logs.prefilter import LiteralPrefilter
 from forensics.logs.schema import RAW_LIMIT
 from forensics.logs.sources import Chunk, LogSource, Problem
 from forensics.logs.tracebacks import HEADER, Block, BlockTracker, line_kind
+from forensics.redact import redact_text
 
 try:  # the compiled fast path (forensics/logs/_fastscan.c); optional, built when a compiler exists
     from forensics.logs import _fastscan
@@ -431,8 +432,8 @@ class SourceScanner:
             "dp_rank": ranks[0],
             "pp_rank": ranks[2],
             "thread": thread,
-            "message": text[:RAW_LIMIT],
-            "raw": raw[:RAW_LIMIT],
+            "message": redact_text(text[:RAW_LIMIT]),
+            "raw": redact_text(raw[:RAW_LIMIT]),
             "offset": offset,
         }
         if ts_kind is None and self.last_time is not None:
@@ -509,7 +510,7 @@ class SourceScanner:
         if block.thread is None:
             # An exception logged by sglang itself: its traceback extends that event's raw text.
             if block.owner is not None:
-                block.owner["raw"] = (block.owner["raw"] + "\n" + raw)[:RAW_LIMIT]
+                block.owner["raw"] = redact_text((block.owner["raw"] + "\n" + raw)[:RAW_LIMIT])
             return
         ts_source, ts_kind, ts_value = block.first_ts if isinstance(block.first_ts, tuple) else ("none", None, None)
         event = {
@@ -529,8 +530,8 @@ class SourceScanner:
             "dp_rank": None,
             "pp_rank": None,
             "thread": block.label,
-            "message": (block.final or "")[:RAW_LIMIT],
-            "raw": raw[:RAW_LIMIT],
+            "message": redact_text((block.final or "")[:RAW_LIMIT]),
+            "raw": redact_text(raw[:RAW_LIMIT]),
             "offset": block.first_offset,
         }
         if block.upper is not None:

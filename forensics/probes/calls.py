@@ -17,9 +17,9 @@ import random
 import uuid
 from dataclasses import dataclass
 
-from forensics.collectors.metrics import redact_url
 from forensics.probes.schema import KIND_PATHS
 from forensics.probes.targets import Target
+from forensics.redact import redact_url
 
 LIVENESS_ENDPOINTS = ("/generate", "/v1/completions")
 DEFAULT_LIVENESS_TEXT = "The capital of France is"
@@ -44,7 +44,7 @@ class Call:
 
     @property
     def url(self) -> str:
-        """What the frame records: the leg URLs, a password in them never (``user:***@``)."""
+        """What the frame records: the leg URLs, no secret in them (forensics.redact: userinfo, secret query values)."""
         return " + ".join(redact_url(leg.url) for leg in self.legs)
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from forensics.exitcodes import EnvironmentProblem, Undecided, environment_problem_from_os_error
+from forensics.private_files import make_private_dir, write_private
 
 SCHEMA = "pd-forensics-investigation/1"
 MANIFEST = "investigation.toml"
@@ -112,10 +113,8 @@ class Investigation:
                "kinds": {kind: about for kind, (_, about) in KINDS.items()},
                "part": [p.to_dict() for p in self.parts]}
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            tmp = self.directory / (MANIFEST + ".tmp")
-            tmp.write_text(tomli_w.dumps(doc), encoding="utf-8")
-            os.replace(tmp, self.directory / MANIFEST)
+            make_private_dir(self.directory)
+            write_private(self.directory / MANIFEST, tomli_w.dumps(doc).encode("utf-8"))
         except OSError as exc:
             raise environment_problem_from_os_error(exc, str(self.directory), "cannot write the investigation") from None
 
@@ -136,7 +135,7 @@ class Investigation:
         path = self.directory / folder / f"{name}{suffix}"
         if path.exists():
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(path.parent)
         return path
 
     # ------------------------------------------------------------------ adding
@@ -147,8 +146,8 @@ class Investigation:
 
         path = self._target("evidence", name)
         if isinstance(evidence, (str, os.PathLike)):
-            bundle.open(evidence)  # refuse a broken bundle before copying it
-            _copy_tree(Path(evidence), path)
+            bundle.open(evidence)  # refuse a broken bundle (or one leading outside itself) before copying it
+            _copy_bundle(Path(evidence), path)
         else:
             bundle.write(evidence, path)
         return self._record("evidence", name, about or "evidence bundle")
@@ -159,7 +158,7 @@ class Investigation:
 
         doc = verdict.to_dict() if hasattr(verdict, "to_dict") else dict(verdict)
         path = self._target("verdict", name)
-        path.write_bytes(encode_json(doc) + b"\n")
+        write_private(path, encode_json(doc) + b"\n")
         return self._record("verdict", name, about or f"verdict {doc.get('verdict', '?')}")
 
     def add_handler_diff(self, diff: Any, name: str = "handlers", about: str = "") -> Part:
@@ -259,6 +258,16 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise environment_problem_from_os_error(exc, str(path), "cannot read") from None
     except json.JSONDecodeError as exc:
         raise EnvironmentProblem(f"{path}: not valid JSON: {exc}", path=str(path)) from None
+
+
+def _copy_bundle(source: Path, target: Path) -> None:
+    """A checked bundle's manifest and the frame files it lists, nothing else (a bundle is a closed world)."""
+    from forensics.bundle.store import MANIFEST_NAME, frame_paths, read_manifest
+
+    paths = frame_paths(source, read_manifest(source))
+    for relative in [MANIFEST_NAME, *(str(p.relative_to(source)) for p in paths.values())]:
+        make_private_dir((target / relative).parent)
+        write_private(target / relative, (source / relative).read_bytes())
 
 
 def _copy_tree(source: Path, target: Path) -> None:

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from forensics.exitcodes import UsageProblem, environment_problem_from_os_error
+from forensics.private_files import make_private_dir, write_private
 
 from .investigation import Investigation
 
@@ -63,11 +64,10 @@ def write_report(investigation: Investigation | str | os.PathLike[str], out: str
 
 
 def _write(path: Path, data: bytes) -> None:
+    """0600 in 0700 folders: a postmortem quotes the deployment's evidence."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        make_private_dir(path.parent)
+        write_private(path, data)
     except OSError as exc:
         raise environment_problem_from_os_error(exc, str(path.parent if not path.parent.is_dir() else path),
                                                 "cannot write the report") from None
