@@ -227,3 +227,27 @@ def test_sigterm_ends_a_probing_command_through_the_hand_over(server, records, t
     server.release.set()
     wait_until(lambda: not handover.held(), 30, "the keeper finished")
     assert server.early_closes == []
+
+
+@pytest.mark.timeout(180)
+def test_a_notebook_kernel_shut_down_with_a_probe_open_hands_it_over(server, records):  # noqa: F811
+    from jupyter_client.manager import start_new_kernel
+
+    server.blocked.add("/generate")
+    manager, client = start_new_kernel(kernel_name="python3", env=os.environ.copy())
+    try:
+        reply = client.execute_interactive(
+            "import forensics.probes as p\n"
+            f"t = p.Target('router', 'router', {server.url!r}, kinds=('liveness',))\n"
+            "r = p.probe_once([t], kinds=('liveness',), deadline_s=0.5, cap_s=90)\n"
+            "print(r.frame['outcome'].tolist())", timeout=120)
+        assert reply["content"]["status"] == "ok", reply
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)  # what JupyterLab's "Shut Down Kernel" sends
+    assert server.open.get("/generate") == 1 and server.early_closes == []
+    [record] = handover.held()
+    assert [p.kind for p in record.open] == ["liveness"]
+    server.release.set()
+    wait_until(lambda: not handover.held(), 30, "the keeper finished")
+    assert server.early_closes == []
