@@ -54,28 +54,45 @@ url = "{url}"
     return path
 
 
+def _own_peak_kib(pid: int) -> int | None:
+    """The child's own peak RSS (``VmHWM``) once it runs the command, or None before its exec.
+
+    Not its rusage: a forked child's high-water mark starts at the parent's RSS and survives the
+    exec, so a pytest worker grown to 550 MB made every child's ``ru_maxrss`` read 550 MB. The mm
+    an exec creates starts its own ``VmHWM``, which only grows: the last reading is the peak.
+    """
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            if b"forensics" not in handle.read():
+                return None
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def _run(*args: str) -> tuple[subprocess.CompletedProcess, float, int]:
     """``python -m forensics ARGS`` in a child: (result, seconds, the child's own peak RSS in KiB)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         began = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "forensics", *args], stdout=out, stderr=err,
                                 env={**os.environ, "COLUMNS": "200"})
-        waited: dict = {}
-        # wait4 gives this child's own rusage (RUSAGE_CHILDREN would be the largest of all children so far).
-        waiter = threading.Thread(target=lambda: waited.update(r=os.wait4(proc.pid, 0)), daemon=True)
-        waiter.start()
-        waiter.join(RUN_TIMEOUT_S)
-        if waiter.is_alive():
-            proc.kill()
-            waiter.join(30)
-            pytest.fail(f"forensics {' '.join(args)} did not end within {RUN_TIMEOUT_S} s")
+        peak = 0
+        while proc.poll() is None:
+            if time.monotonic() - began > RUN_TIMEOUT_S:
+                proc.kill()
+                proc.wait(30)
+                pytest.fail(f"forensics {' '.join(args)} did not end within {RUN_TIMEOUT_S} s")
+            peak = max(peak, _own_peak_kib(proc.pid) or 0)  # a zombie's status has no VmHWM: read while it runs
+            time.sleep(0.02)
         elapsed = time.monotonic() - began
-        _, status, usage = waited["r"]
-        proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
         result = subprocess.CompletedProcess(proc.args, proc.returncode, out.read().decode(), err.read().decode())
-    return result, elapsed, usage.ru_maxrss
+    return result, elapsed, peak
 
 
 def _gap(document: dict, piece: str, needle: str) -> list[dict]:
