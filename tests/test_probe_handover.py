@@ -23,7 +23,8 @@ from forensics.probes import handover, keeper
 CALLER = textwrap.dedent("""
     import sys
     import forensics.probes as p
-    target = p.Target("router", "router", sys.argv[1], kinds=("liveness",))
+    target = (p.Target("router", "router", sys.argv[1], kinds=("liveness",)) if len(sys.argv) < 4 else
+              p.Target("pair", "pd", sys.argv[1], 8998, decode_url=sys.argv[1]))
     results = p.probe_once([target], kinds=("liveness",), deadline_s=0.5, cap_s=float(sys.argv[2]))
     print(results.frame["outcome"].tolist(), flush=True)
 """)
@@ -36,8 +37,8 @@ def records(tmp_path, monkeypatch):
     return tmp_path / "cache" / "open-probes"
 
 
-def _exit_with_a_probe_open(url: str, cap_s: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CALLER, url, str(cap_s)], capture_output=True, text=True,
+def _exit_with_a_probe_open(url: str, cap_s: float, *pair: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", CALLER, url, str(cap_s), *pair], capture_output=True, text=True,
                           timeout=120, env=os.environ.copy())
 
 
@@ -105,6 +106,22 @@ def test_a_killed_keeper_is_reported_finished_and_a_stranger_with_its_pid_is_not
                                     "started_at": time.time(), "probes": []})
     assert handover.held() == []
     server.release.set()
+
+
+@pytest.mark.timeout(120)
+def test_both_legs_of_a_pair_probe_are_held(server, records):  # noqa: F811
+    server.blocked.add("/generate")
+    ran = _exit_with_a_probe_open(server.url, 90, "pair")
+    assert ran.returncode == 0, ran.stderr
+    wait_until(lambda: server.open.get("/generate") == 2, 10, "both legs at the server")
+    assert server.early_closes == []
+    [record] = handover.held()
+    assert sorted(p.leg for p in record.probes) == [0, 1] and {p.room for p in record.probes} != {None}
+    assert max(p.room for p in record.probes) < 2**63  # the 63-bit room, exact through the record
+    server.release.set()
+    wait_until(lambda: server.served.get("/generate") == 2 and not handover.held(), 30, "both legs answered")
+    [done] = handover.recently_finished()
+    assert [p.state for p in done.probes] == ["answered", "answered"] and server.early_closes == []
 
 
 def test_nothing_open_means_no_keeper(records):
