@@ -95,3 +95,19 @@ def test_real_pd_pair_serves_generate_and_chat_through_the_mini_lb(tmp_path):
         assert not process._alive(), f"{process.role} left processes behind"
     print(f"\nengine acceptance: timings {timings}, RSS MB {memory} (total {sum(memory.values())}), "
           f"stops {stops}, environment steps {steps}, env build timings {env.timings}")
+
+
+@pytest.mark.slow
+def test_a_reused_environment_whose_adapted_file_changed_is_repaired(tmp_path):
+    """Re-verified on reuse: conn.py put back to the wheel's bytes is found and the sglang step redone."""
+    from forensics.engine.adaptations import adapted_baseline, sha256_text
+    from forensics.sglang_source import fetch
+
+    env = environment.prepare(VERSION)
+    conn = env.site_packages / NIXL_CONN
+    conn.write_text(fetch(VERSION).verified_read_text(NIXL_CONN))  # the unadapted wheel file
+    steps = []
+    repaired = environment.prepare(VERSION, progress=steps.append)
+    assert steps[:3] == ["venv (kept)", "torch (kept)", "dependencies (kept)"] and "sglang" in steps
+    assert sha256_text(conn.read_text()) == adapted_baseline(VERSION)[NIXL_CONN]
+    assert repaired.timings and "venv" not in repaired.timings
