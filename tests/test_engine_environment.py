@@ -56,6 +56,13 @@ def test_every_package_is_pinned_and_the_cache_key_follows_the_pins():
     assert "SGL_FORCE_SHUTDOWN" not in environment.engine_environment_variables()
 
 
+def test_engine_processes_never_inherit_sgl_force_shutdown(monkeypatch):
+    monkeypatch.setenv("SGL_FORCE_SHUTDOWN", "1")
+    env = launch.process_environment({"SGL_FORCE_SHUTDOWN": "1"})
+    assert "SGL_FORCE_SHUTDOWN" not in env
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1" and env["UCX_TLS"] == "tcp,sm,self"
+
+
 def test_a_server_port_sglang_would_refuse_is_a_usage_error(tmp_path):
     env = environment.EngineEnvironment("0.5.15", tmp_path, tmp_path, {})
     with pytest.raises(UsageProblem, match="55536 is above 55535"):

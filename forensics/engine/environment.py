@@ -333,17 +333,17 @@ def _verification_problem(root: Path, version: str, state: dict) -> tuple[str, s
         return "venv", str(exc)
     for relative, record in state.get("adapted", {}).items():
         path = site / relative
+        owner = "sglang" if relative.startswith("sglang/") else "engine extras"  # the step that installs it
         try:
-            digest = adaptations.sha256_text(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
         except OSError:
-            return step_of.get("sglang" if relative.startswith("sglang/") else "torchvision", "sglang"), \
-                f"{path} is missing"
+            return owner, f"{path} is missing"
+        digest = adaptations.sha256_text(text)
         if digest != record.get("sha256"):
             # A fix deployed into the environment is not damage: `patch status` reads that file.
-            if relative == adaptations.NIXL_CONN and "PD_FORENSICS_PATCH" in path.read_text(encoding="utf-8"):
+            if relative == adaptations.NIXL_CONN and "PD_FORENSICS_PATCH" in text:
                 continue
-            return ("sglang" if relative.startswith("sglang/") else "engine extras"), \
-                f"{path} is not the adapted file recorded at build time (sha256 {digest[:12]}…)"
+            return owner, f"{path} is not the adapted file recorded at build time (sha256 {digest[:12]}…)"
     if not state.get("adapted"):
         return "adaptations", "no adapted file is recorded"
     return None

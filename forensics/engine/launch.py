@@ -125,17 +125,17 @@ class EngineProcess:
         """End the whole tree; "terminated" if SIGTERM sufficed, "killed" if SIGKILL was needed."""
         self.remember_tree()
         how = "terminated"
-        if self.popen.poll() is None or self._alive():
+        if self.popen.poll() is None or self.alive():
             self._signal_all(signal.SIGTERM)
             deadline = time.monotonic() + timeout
-            while self._alive() and time.monotonic() < deadline:
+            while self.alive() and time.monotonic() < deadline:
                 self.popen.poll()
                 time.sleep(0.2)
-            if self._alive():
+            if self.alive():
                 how = "killed"
                 self._signal_all(signal.SIGKILL)
                 deadline = time.monotonic() + 10
-                while self._alive() and time.monotonic() < deadline:
+                while self.alive() and time.monotonic() < deadline:
                     self.popen.poll()
                     time.sleep(0.1)
         try:
@@ -162,7 +162,8 @@ class EngineProcess:
             return False
         return any(p.status() != psutil.STATUS_ZOMBIE for p in _group_members(self.pid))
 
-    def _alive(self) -> bool:
+    def alive(self) -> bool:
+        """Whether any process of the tree (its group, or a recorded member) still runs."""
         return self._group_alive() or bool(self._members_alive())
 
     def _signal_all(self, signum: int) -> None:
