@@ -354,16 +354,27 @@ def write_access_problem(located: Located, *, sudo: bool) -> str | None:
             "docs/LIVE.md")
 
 
-def accepted_baselines(version: str | None, release: Release | None) -> dict[str, str]:
+def accepted_baselines(version: str | None, release: Release | None, path: str | None = None) -> dict[str, str]:
     """The sha256 of every file a rollback may put back for ``version`` without ``force``, and what it is.
 
-    Today only the wheel's own ``nixl/conn.py`` (``release``, already fetched and checked
-    against the wheel's RECORD). An engine environment with CPU adaptations adds here the
-    adapted bytes it derives from that wheel, so a rollback there restores them too.
+    The wheel's own ``nixl/conn.py`` (``release``, already fetched and checked against the
+    wheel's RECORD); and when ``path`` (the engine's file) lies in one of this machine's engine
+    environments (:mod:`forensics.engine.environment`), also that file as the environment holds
+    it: the wheel's bytes with the CPU adaptations, derived from them the same way every time.
+    Anywhere else the adapted bytes are no baseline (a GPU host must never get DRAM registration).
     """
     if version is None or release is None:
         return {}
-    return {release.sha256: f"nixl/conn.py of the sglang {version} wheel"}
+    baselines = {release.sha256: f"nixl/conn.py of the sglang {version} wheel"}
+    if path is not None:
+        from forensics.engine.adaptations import NIXL_DRAM
+        from forensics.engine.environment import in_engine_environment
+
+        if in_engine_environment(path):
+            adapted = NIXL_DRAM.apply(release.conn_bytes.decode("utf-8"), f"sglang {version}: nixl/conn.py")
+            baselines[adapted.sha256] = (f"nixl/conn.py of the sglang {version} wheel with the CPU adaptation "
+                                         f"{NIXL_DRAM.name} (an engine environment's baseline)")
+    return baselines
 
 
 def plan_deploy(source: Any) -> DeployPlan:

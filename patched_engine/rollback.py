@@ -4,8 +4,9 @@ The backup beside the file and its record are the deploy's own writing, but they
 directory others can write: the record's ``sha256`` is no trust anchor (edit the backup,
 edit the record to match, and a rollback would install the edit). So the backup's bytes
 must also be one of the release's accepted baselines
-(:func:`patched_engine.deploy_plan.accepted_baselines`: today the wheel's ``nixl/conn.py``,
-fetched and checked against the wheel's RECORD). Anything else (a fork deployed with
+(:func:`patched_engine.deploy_plan.accepted_baselines`: the wheel's ``nixl/conn.py``,
+fetched and checked against the wheel's RECORD, and in an engine environment that file with
+its CPU adaptations). Anything else (a fork deployed with
 ``--force``, a tampered backup) is refused, naming the backup and both hashes, unless
 ``force=True``; a wheel that cannot be had is exit 4 unless ``force=True``.
 
@@ -60,7 +61,7 @@ def backup_trust(plan: EnginePlan, backup: dict[str, Any]) -> tuple[str, str]:
     if plan.release is None or plan.release_sha256 is None:
         return "unverifiable", (f"{backup['path']} (sha256 {digest}) cannot be checked against the release's wheel: "
                                 f"{plan.reason}")
-    baselines = accepted_baselines(plan.release, plan.wheel)
+    baselines = accepted_baselines(plan.release, plan.wheel, plan.located.path)
     if digest in baselines:
         return "accepted", f"{backup['path']}: sha256 {digest[:12]}…, {baselines[digest]}"
     recorded = backup["recorded"].get("kind")
