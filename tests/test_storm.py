@@ -63,7 +63,8 @@ def test_a_live_deployment_is_refused_without_yes_and_shown_the_plan(tmp_path):
     status, out, _ = invoke("storm", "--inventory", str(inventory), "--json")
     doc = json.loads(out)
     assert (status, doc["status"], doc["exit"]) == (3, "planned", 3)
-    assert doc["plan"]["twin"] is False and doc["plan"]["sessions"] == 60 and doc["plan"]["kill_after_s"] == 20.0
+    assert doc["plan"]["twin"] is False and doc["plan"]["sessions"] == 60 and doc["plan"]["kill_after_s"] == 0.0
+    assert doc["plan"]["phase"] == "kv"  # the default: each session struck when the decode holds it pending KV
 
 
 @pytest.mark.timeout(180)
@@ -79,7 +80,7 @@ def test_the_first_storm_wedges_an_unpatched_twin(unpatched):
     assert cycle["killed"] == 8 and cycle["abort_count"] >= 1 and cycle["prefill_abort_frames"] >= 1
     history = _history(doc)
     assert list(history.columns) == list(HISTORY_COLUMNS) and len(history) == 8
-    assert set(history["outcome"]) == {"info"} and set(history["phase_at_kill"]) == {"waiting"}
+    assert set(history["outcome"]) == {"info"} and set(history["phase_at_kill"]) <= {"sent", "waiting"}
     # The decode logged each abort under the session's own rid; the prefill received the ABORT frame
     # (a 3-part multipart far smaller than the transfer-info frames) and its loop died on it.
     decode_log = unpatched.log_text("decode")

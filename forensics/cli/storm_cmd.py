@@ -12,10 +12,11 @@ from forensics.cli.live_options import StormDisplay, json_option, positive_secon
 @click.option("--inventory", "inventory", type=click.Path(dir_okay=False), required=True,
               help="the deployment's inventory file (a twin's is printed by 'twin up')")
 @click.option("--sessions", default=60, show_default=True, type=click.IntRange(min=1), help="concurrent sessions per cycle")
-@click.option("--kill-after", default="20s", show_default=True, callback=seconds_or_zero,
-              help="when the nemesis strikes, after each wave starts (0 = as soon as the requests are out)")
+@click.option("--kill-after", default="0s", show_default=True, callback=seconds_or_zero,
+              help="when the nemesis may strike, after each wave starts (phase kv: from then on, each session "
+                   "the moment the decode is seen holding it with its KV pending)")
 @click.option("--cycles", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option("--phase", type=click.Choice(["bootstrap", "kv", "stream", "any"]), default="any", show_default=True,
+@click.option("--phase", type=click.Choice(["bootstrap", "kv", "stream", "any"]), default="kv", show_default=True,
               help="which sessions the nemesis kills: still waiting (bootstrap, kv), streaming, or any open one")
 @click.option("--waves", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--wave-interval", default="1s", show_default=True, callback=seconds_or_zero)

@@ -19,9 +19,10 @@ AB_POOL_PAGES = 160  # the twins of --ab: 160 pages of 4 KiB in the decode's KV 
 @click.option("--cycles", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--sessions", default=60, show_default=True, type=click.IntRange(min=1),
               help="concurrent sessions per cycle")
-@click.option("--kill-after", default="20s", show_default=True, callback=seconds_or_zero,
-              help="when the nemesis strikes, after each wave starts")
-@click.option("--phase", type=click.Choice(["bootstrap", "kv", "stream", "any"]), default="any", show_default=True)
+@click.option("--kill-after", default="0s", show_default=True, callback=seconds_or_zero,
+              help="when the nemesis may strike, after each wave starts (phase kv: from then on, each session "
+                   "the moment the decode is seen holding it with its KV pending)")
+@click.option("--phase", type=click.Choice(["bootstrap", "kv", "stream", "any"]), default="kv", show_default=True)
 @click.option("--prompt-tokens", default=3000, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--mode", type=click.Choice(["rst", "sigkill"]), default="rst", show_default=True)

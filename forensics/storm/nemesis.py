@@ -5,14 +5,16 @@ Phases the user picks (``--phase``):
 * ``bootstrap``: sessions that have sent their request and seen no token, killed as soon as
   the wave is out (``kill_after`` counts from the wave's start; 0 is usual). A kill this early
   may reach the router before it forwarded the request: then the engines never see it;
-* ``kv``: sessions that got their response headers (the router has the decode's answer, so the
-  decode holds the request) and no token yet at ``kill_after`` (the decode's prealloc or
-  transfer queue, while the KV is on its way); the nemesis waits for the headers;
+* ``kv`` (the default): from ``kill_after`` on (0 by default), each session the moment the
+  observer (:mod:`forensics.storm.observer`) sees the decode hold it with its KV pending: the
+  decode counted its arrival and the client has had no token yet (the decode's prealloc or
+  transfer queue, while the KV is on its way). No timer decides: a slow prefill is struck as
+  surely as a fast one;
 * ``stream``: sessions already streaming tokens at ``kill_after``;
 * ``any``: every session still open at ``kill_after``.
 
-The client sees only "no token yet" or "tokens": which decode queue a kill really hit is
-attributed afterwards from the decode's log. Only a kill that reaches the decode while the
+The client sees only "no token yet" or "tokens" (and the observer the decode's arrival
+count): which decode queue a kill really hit is attributed afterwards from the decode's log. Only a kill that reaches the decode while the
 request sits in its prealloc or transfer queue makes sglang 0.5.13+ send ABORT; a streamed
 disconnect reaches the engine about 2 s after the socket closed (``create_abort_task``).
 
@@ -54,7 +56,7 @@ def targets(state: SessionState, phase: str) -> bool:
     if phase == "stream":
         return state.phase == "streaming"
     if phase == "kv":
-        return state.phase == "waiting"  # the response headers came: the decode holds the request
+        return state.phase in ("sent", "waiting")  # out, no token: the observer chose it as held
     return state.phase in _WAITING  # bootstrap: out, no token yet
 
 
@@ -62,8 +64,6 @@ def ready(state: SessionState, phase: str) -> bool:
     """Whether a session has gone far enough for the nemesis to strike it in ``phase`` (or never will)."""
     if not state.open:
         return True
-    if phase == "kv":
-        return state.phase not in ("connecting", "sent")
     return state.phase != "connecting"  # never kill a request before it is out
 
 
@@ -92,12 +92,13 @@ def strike_rst(states: list[SessionState], phase: str, loop: asyncio.AbstractEve
     return _strike(started, wall, [s.kill_perf for s in hit], len(hit))
 
 
-def strike_sigkill(processes: dict[int, list[SessionState]], phase: str) -> Strike:
-    """SIGKILL every client process holding at least one session the phase picks."""
+def strike_sigkill(processes: dict[int, list[SessionState]], phase: str, chosen: set[str] | None = None) -> Strike:
+    """SIGKILL every client process holding at least one session the phase picks (of ``chosen``
+    rids only, when given: the sessions the observer saw held)."""
     started, wall = time.perf_counter(), time.time()
     times = []
     for pid, states in processes.items():
-        if not any(targets(s, phase) for s in states):
+        if not any(targets(s, phase) and (chosen is None or s.rid in chosen) for s in states):
             continue
         try:
             os.kill(pid, signal.SIGKILL)  # our own child, started by the storm (pid recorded)

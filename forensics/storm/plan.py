@@ -35,8 +35,10 @@ class StormPlan:
             f"storm plan for {self.deployment} ({kind}), router {self.router}:",
             f"  {self.cycles} cycle(s) of {self.sessions} streaming chat completions ({self.waves} wave(s), "
             f"{self.wave_interval_s:g}s apart), {self.prompt_tokens} prompt tokens, up to {self.max_tokens} output tokens",
-            f"  the nemesis kills the clients in phase '{self.phase}' {self.kill_after_s:g}s after each wave starts "
-            f"({'socket reset (RST) in-process' if self.mode == 'rst' else 'SIGKILL of the client processes'})",
+            f"  the nemesis kills the clients in phase '{self.phase}' {self.kill_after_s:g}s after each wave starts"
+            + (", then each session the moment the decode is seen holding it with its KV pending"
+               if self.phase == "kv" else "")
+            + f" ({'socket reset (RST) in-process' if self.mode == 'rst' else 'SIGKILL of the client processes'})",
             f"  after each cycle: wait {self.settle_s:g}s, then collect ({self.sample_s:g}s sampling) and diagnose",
             "  on sglang 0.5.13 to 0.5.15.post1 with NIXL and no patch, this is expected to WEDGE the deployment",
         ]

@@ -27,7 +27,7 @@ import pandas as pd
 from forensics.collection.run import as_inventory
 from forensics.exitcodes import UsageProblem
 
-from . import checker, client, generator, history, nemesis
+from . import checker, client, generator, history, nemesis, observer
 from .plan import ConfirmationNeeded, StormPlan
 from .result import CycleResult, StormResult
 
@@ -36,6 +36,10 @@ DEFAULT_PROMPT_TOKENS = 3000
 DEFAULT_MAX_TOKENS = 64
 SIGKILL_CLIENTS = 16  # client processes in sigkill mode (sessions spread over them)
 READY_WAIT_S = 10.0  # how long the nemesis waits for a wave to reach its phase before it strikes anyway
+HELD_WAIT_S = 60.0  # phase kv: how long the nemesis watches a wave for sessions the decode holds
+OBSERVE_POLL_S = 0.05  # phase kv: between two looks at the decode's arrival count
+DEFAULT_PHASE = "kv"
+DEFAULT_KILL_AFTER_S = 0.0
 
 
 def _run_coroutine(coroutine):
@@ -67,7 +71,8 @@ def _seconds(value: Any, name: str, *, zero_ok: bool = True) -> float:
     return seconds
 
 
-def make_plan(target: Any, *, sessions: int = 60, kill_after: Any = 20.0, cycles: int = 1, phase: str = "any",
+def make_plan(target: Any, *, sessions: int = 60, kill_after: Any = DEFAULT_KILL_AFTER_S, cycles: int = 1,
+              phase: str = DEFAULT_PHASE,
               waves: int = 1, wave_interval: Any = 1.0, prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
               max_tokens: int = DEFAULT_MAX_TOKENS, mode: str = "rst", session_timeout: Any = None,
               settle: Any = 3.0, sample_s: Any = 8.0) -> StormPlan:
@@ -111,7 +116,9 @@ def run_storm(target: Any, *, yes: bool = False, progress: Progress | None = Non
         specs = generator.plan_sessions(plan.sessions, cycle=cycle, storm=storm, prompt_tokens=plan.prompt_tokens,
                                         max_tokens=plan.max_tokens, waves=plan.waves)
         started = pd.Timestamp.now(tz="UTC")
-        states, strikes, pids = _run_coroutine(_cycle(plan, specs, cycle, progress))
+        watch = observer.KvObserver(observer.DecodeArrivals(
+            [(e.name or e.role, e.url) for e in inv.engines_with("decode")], generator.ENDPOINT))
+        states, strikes, pids = _run_coroutine(_cycle(plan, specs, cycle, progress, watch))
         _tell(progress, cycle=cycle, stage="checking", sessions=len(specs))
         since = started.floor("s") - pd.Timedelta(seconds=1)  # log lines carry whole seconds
         check = checker.check(inv if inv.path is None else inv.path, since=since, rids={s.rid for s in specs},
@@ -156,16 +163,21 @@ def _counts(states: dict[str, client.SessionState]) -> dict:
             "fail": sum(s.outcome == "fail" for s in values)}
 
 
-async def _cycle(plan: StormPlan, specs: list, cycle: int, progress: Progress | None):
+async def _cycle(plan: StormPlan, specs: list, cycle: int, progress: Progress | None,
+                 watch: observer.KvObserver | None = None):
     host, port = generator.router_address(plan.router)
     states = {spec.rid: client.SessionState(rid=spec.rid) for spec in specs}
+    if watch is not None and plan.phase == "kv":
+        await asyncio.to_thread(watch.start)
+    else:
+        watch = None
     ticker = asyncio.get_running_loop().create_task(_ticker(states, cycle, progress)) if progress else None
     try:
         if plan.mode == "rst":
-            strikes = await _rst_cycle(plan, specs, states, host, port)
+            strikes = await _rst_cycle(plan, specs, states, host, port, watch)
             pids: dict[str, int] = {}
         else:
-            strikes, pids = await _sigkill_cycle(plan, specs, states, host, port)
+            strikes, pids = await _sigkill_cycle(plan, specs, states, host, port, watch)
     finally:
         if ticker is not None:
             ticker.cancel()
@@ -185,8 +197,13 @@ async def _ready(wave_specs: list, states: dict, phase: str, cap_s: float) -> No
         await asyncio.sleep(0.005)
 
 
-async def _waves(plan: StormPlan, specs: list, states: dict, start_wave, strike) -> list[dict]:
-    """Start each wave at its time and strike it ``kill_after`` later; then settle."""
+async def _waves(plan: StormPlan, specs: list, states: dict, start_wave, strike,
+                 watch: observer.KvObserver | None = None) -> list[dict]:
+    """Start each wave at its time and strike it ``kill_after`` later; then settle.
+
+    With an observer (phase ``kv``) the nemesis strikes, from ``kill_after`` on, each session
+    the moment the observer sees the decode hold it with its KV pending (one strike per look
+    that found some), until none of the wave waits for its first token."""
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     by_wave: dict[int, list] = {}
@@ -194,21 +211,52 @@ async def _waves(plan: StormPlan, specs: list, states: dict, start_wave, strike)
         by_wave.setdefault(spec.wave, []).append(spec)
     strikes: list[dict] = []
 
+    def record(wave: int, hit: nemesis.Strike, **more: Any) -> None:
+        strikes.append({"wave": wave, "killed": hit.killed, "spread_s": hit.spread_s,
+                        "after_signal_s": hit.after_signal_s, "at": hit.signal_wall, **more})
+
     async def one_wave(wave: int, wave_specs: list) -> None:
         await asyncio.sleep(max(0.0, t0 + wave * plan.wave_interval_s - loop.time()))
         began = loop.time()
         await start_wave(wave_specs)
         await asyncio.sleep(max(0.0, began + plan.kill_after_s - loop.time()))
+        if watch is not None:
+            await _strike_when_held(wave, wave_specs, states, watch, strike, record)
+            return
         await _ready(wave_specs, states, plan.phase, READY_WAIT_S)
-        hit = strike(wave_specs)
-        strikes.append({"wave": wave, "killed": hit.killed, "spread_s": hit.spread_s,
-                        "after_signal_s": hit.after_signal_s, "at": hit.signal_wall})
+        record(wave, strike(wave_specs))
 
     await asyncio.gather(*(one_wave(w, s) for w, s in sorted(by_wave.items())))
-    return sorted(strikes, key=lambda s: s["wave"])
+    return sorted(strikes, key=lambda s: (s["wave"], s["at"]))
 
 
-async def _rst_cycle(plan: StormPlan, specs: list, states: dict, host: str, port: int) -> list[dict]:
+async def _strike_when_held(wave: int, wave_specs: list, states: dict, watch: observer.KvObserver, strike,
+                            record) -> None:
+    """Phase ``kv``: look at the decode, strike the sessions it holds pending KV, look again."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + HELD_WAIT_S
+    mine = [states[s.rid] for s in wave_specs]
+    everyone = list(states.values())
+    struck = False
+    while True:
+        await asyncio.to_thread(watch.refresh)
+        held = {s.rid for s in watch.held(mine, everyone)}
+        if held:
+            hit = strike([s for s in wave_specs if s.rid in held], held)
+            record(wave, hit, held=len(held), observed_by=watch.source,
+                   arrived_at_decode=watch.arrived)
+            struck = True
+        if not any(s.open and not s.killed and s.first_token is None for s in mine) or loop.time() >= deadline:
+            break
+        await asyncio.sleep(OBSERVE_POLL_S)
+    if not struck:  # every session got its first token (or ended) before the decode was seen holding it
+        record(wave, nemesis.Strike(time.perf_counter(), time.time(), 0, None, None), held=0,
+               observed_by=watch.source, arrived_at_decode=watch.arrived,
+               detail=watch.arrivals.last_error or "no session was seen held at the decode before its first token")
+
+
+async def _rst_cycle(plan: StormPlan, specs: list, states: dict, host: str, port: int,
+                     watch: observer.KvObserver | None = None) -> list[dict]:
     loop = asyncio.get_running_loop()
     tasks: dict[str, asyncio.Task] = {}
 
@@ -219,21 +267,22 @@ async def _rst_cycle(plan: StormPlan, specs: list, states: dict, host: str, port
                                                                   timeout_s=plan.session_timeout_s))
         await asyncio.sleep(0)
 
-    def strike(wave_specs: list):
+    def strike(wave_specs: list, held: set[str] | None = None):
         hit = nemesis.strike_rst([states[s.rid] for s in wave_specs], plan.phase, loop)
         for spec in wave_specs:
             if states[spec.rid].killed:
                 tasks[spec.rid].cancel()
         return hit
 
-    strikes = await _waves(plan, specs, states, start_wave, strike)
+    strikes = await _waves(plan, specs, states, start_wave, strike, watch)
     settle = loop.create_task(asyncio.sleep(plan.settle_s))  # the AbortReq lands ~2 s after a streamed close
     await asyncio.gather(*tasks.values(), return_exceptions=True)  # each ends by its own timeout at the latest
     await settle
     return strikes
 
 
-async def _sigkill_cycle(plan: StormPlan, specs: list, states: dict, host: str, port: int):
+async def _sigkill_cycle(plan: StormPlan, specs: list, states: dict, host: str, port: int,
+                         watch: observer.KvObserver | None = None):
     clients = min(len(specs), SIGKILL_CLIENTS)
     groups = [specs[i::clients] for i in range(clients)]
     procs: dict[int, asyncio.subprocess.Process] = {}
@@ -281,13 +330,16 @@ async def _sigkill_cycle(plan: StormPlan, specs: list, states: dict, host: str, 
             proc.stdin.close()
             readers.append(asyncio.get_running_loop().create_task(read(proc)))
 
-    def strike(wave_specs: list):
+    def strike(wave_specs: list, held: set[str] | None = None):
+        if held is not None:  # phase kv: the processes holding a session the decode holds
+            chosen = {pid: sts for pid, sts in members.items() if any(s.rid in held for s in sts)}
+            return nemesis.strike_sigkill(chosen, plan.phase, held)
         wanted = {s.rid for s in wave_specs}
         wave_members = {pid: sts for pid, sts in members.items() if all(s.rid in wanted for s in sts)}
         return nemesis.strike_sigkill(wave_members, plan.phase)
 
     try:
-        strikes = await _waves(plan, specs, states, start_wave, strike)
+        strikes = await _waves(plan, specs, states, start_wave, strike, watch)
         settle = asyncio.get_running_loop().create_task(asyncio.sleep(plan.settle_s))
         for proc in procs.values():
             try:

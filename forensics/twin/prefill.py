@@ -252,10 +252,21 @@ class PrefillScheduler:
                 # until the decode's transfer info bootstraps it (NIXL: no bootstrap timeout).
                 if sender is not None and hasattr(sender, "abort"):
                     sender.abort()  # the release's own CommonKVSender.abort
-        for queue in (self.waiting_queue, self.inflight_queue):
-            for item in queue:
-                if any(item.req.rid.startswith(rid) for rid in aborts):
-                    item.aborted = True
+        # As sglang's abort_request: a request in the waiting queue (bootstrapped, not prefilled) is
+        # popped ("Abort method 1") and never prefilled; its sender was bootstrapped, so no abort().
+        keep = []
+        for item in self.waiting_queue:
+            if any(item.req.rid.startswith(rid) for rid in aborts):
+                item.aborted = True
+                self._free(item)
+                self._finish(item, error="aborted")
+                log.debug(f"Abort queued request. req.rid={item.req.rid!r}")
+            else:
+                keep.append(item)
+        self.waiting_queue = keep
+        for item in self.inflight_queue:
+            if any(item.req.rid.startswith(rid) for rid in aborts):
+                item.aborted = True
 
     def _room_state(self, room: int) -> int:
         return int(self.engine.manager.request_status.get(room, self.KVPoll.Failed))

@@ -33,7 +33,7 @@ _STORM_OPTIONS = ("phase", "waves", "wave_interval", "prompt_tokens", "max_token
 
 def validate(target: Any, *, deploy: bool = False, yes: bool = False, restart_decodes: bool = False,
              cycles: int = 1, sessions: int = 60,
-             kill_after: Any = 20.0, probe_deadline_s: float | None = None, collect_options: dict | None = None,
+             kill_after: Any = 0.0, probe_deadline_s: float | None = None, collect_options: dict | None = None,
              liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S, progress: Progress | None = None,
              **storm_options: Any) -> Campaign:
     """Run a validation campaign against ``target`` (inventory path, Inventory or twin).
