@@ -238,8 +238,6 @@ class ProbeRunner:
             if lane.thread.is_alive():
                 wait = None if limit is None else max(limit - time.monotonic(), 0.0)
                 lane.thread.join(wait)
-        if self.open_probes():
-            handover.register(self)  # left open after the timeout: never closed by our exit
         return self.results()
 
     def detach(self, *, wait_at_exit: bool = False) -> ProbeResults:
@@ -253,8 +251,6 @@ class ProbeRunner:
         self._halt()
         if wait_at_exit:
             atexit.register(self._wait_lanes)
-        else:
-            handover.register(self)
         return self.results()
 
     def _wait_lanes(self) -> None:
