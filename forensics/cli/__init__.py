@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "storm": ("forensics.cli.storm_cmd", "Abort storm: kill clients mid-request, diagnose each cycle."),
     "validate": ("forensics.cli.validate_cmd", "Validation campaign: storm cycles and checks, PASS or not."),
     "report": ("forensics.cli.report_cmd", "Write an investigation's postmortem: Markdown, HTML, PDF."),
+    "engine": ("forensics.cli.engine_cmd", "The real engine's environment and models: prepare."),
 }
 
 
