@@ -163,7 +163,7 @@ class EngineDeployment:
         records.stop(self.directory, tuple(reversed(names)), stop_timeout)
         ports = _role_ports(settings)
         _wait_ports_free({p: ports[p] for n in names for p in _PORTS_OF[n]}, timeout=30.0)
-        _start_and_hand_over(settings, names)
+        _start_and_hand_over(settings, names, faults=True)
         return time.monotonic() - started_at
 
     def down(self) -> list[str]:

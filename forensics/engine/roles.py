@@ -32,7 +32,7 @@ from forensics.twin.settings import TwinSettings
 ROLE_ORDER = ("prefill", "decode", "router")
 EXTRA_ARGS_ENV = "FORENSICS_ENGINE_EXTRA_ARGS"
 WAITING_TIMEOUT_ENV = "SGLANG_DISAGGREGATION_WAITING_TIMEOUT"
-READY_TIMEOUT_S = launch.READY_TIMEOUT_S
+READY_TIMEOUT_S = 600.0  # ~25-60 s alone; minutes on 2 cores shared with other engines
 
 
 class EngineEnvironmentView:
@@ -76,7 +76,7 @@ def role_environment(settings: TwinSettings, role: str) -> dict[str, str]:
         extra[WAITING_TIMEOUT_ENV] = str(int(settings.waiting_timeout_s))
     env = launch.process_environment(extra)
     # Nothing of this project leaks into the engine: it runs its own environment, as on a real host.
-    for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", EXTRA_ARGS_ENV):
+    for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", EXTRA_ARGS_ENV, "FORENSICS_TWIN_FAULT"):
         env.pop(name, None)
     return env
 
