@@ -243,6 +243,13 @@ def test_the_deployment_is_an_inventory_and_records_with_no_sglang_source(real):
     conn = "sglang/srt/disaggregation/nixl/conn.py"
     assert os.stat(site / conn).st_ino == os.stat(environment._site_packages(cached) / conn).st_ino
     assert str(cached) not in engine.python
+    rss = {role: _tree_rss_mb(document["pids"][role]) for role in ("prefill", "decode", "router")}
+    print(f"\nreal-engine RSS MB per role (leader and its children): {rss}, total {sum(rss.values())}")
+
+
+def _tree_rss_mb(pid: int) -> int:
+    leader = psutil.Process(pid)
+    return sum(proc.memory_info().rss for proc in [leader, *leader.children(recursive=True)]) // (1 << 20)
 
 
 def test_status_says_healthy_with_the_bootstrap_thread_alive_and_a_request_is_served(real):
@@ -258,23 +265,43 @@ def test_status_says_healthy_with_the_bootstrap_thread_alive_and_a_request_is_se
     assert answer["meta_info"]["completion_tokens"] == 4
 
 
-def test_a_restart_keeps_the_ports_and_a_killed_restart_takes_the_new_processes_with_it(real):
-    deployment, document = real
-    before = deployment.pid("decode")
-    killed = run_forensics("twin", "restart", "decode", "--inventory", document["inventory"], "--json",
+def _killed_restart_then_restart(deployment, document, role: str, least_processes: int) -> None:
+    """``twin restart ROLE`` SIGKILLed once the new role is ready (before its handover): the shim kills
+    every process of the new role; a second restart brings it back on the same port."""
+    before = deployment.pid(role)
+    killed = run_forensics("twin", "restart", role, "--inventory", document["inventory"], "--json",
                            env={"FORENSICS_TWIN_FAULT": "before-handover:SIGKILL"}, timeout=900)
     assert killed.returncode == -signal.SIGKILL
-    record = json.loads((deployment.directory / "decode.proc.json").read_text())
+    record = json.loads((deployment.directory / f"{role}.proc.json").read_text())
     started = [record["pid"], *[member["pid"] for member in record["members"]]]
-    assert record["pid"] != before and len(started) >= 3  # HTTP server, scheduler, detokenizer (ready, then killed)
-    wait_until(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                               for pid in started), 60, "the killed restart's decode processes to die")
-    result = run_forensics("twin", "restart", "decode", "--inventory", document["inventory"], "--json", timeout=900)
+    assert record["pid"] != before and len(started) >= least_processes  # it was ready when its launcher died
+    wait_until(lambda: not any(_not_zombie(pid) for pid in started), 60, f"the killed restart's {role} to die")
+    assert not _answers(document[role])
+    result = run_forensics("twin", "restart", role, "--inventory", document["inventory"], "--json", timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert deployment.decode == document["decode"] and health(document["decode"]) == 200
+    assert deployment.pid(role) not in (before, record["pid"])
+    assert deployment.inventory.engine(role).url == document[role] and health(document[role]) == 200
     answer = post(document["router"] + "/generate", {"text": "ba be", "sampling_params": {"max_new_tokens": 2}},
                   timeout=120)
     assert answer["meta_info"]["completion_tokens"] == 2
+
+
+def _answers(url: str) -> bool:
+    try:
+        return health(url) == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def test_a_killed_router_restart_dies_with_its_launcher_and_a_restart_keeps_the_port(real):
+    deployment, document = real
+    _killed_restart_then_restart(deployment, document, "router", 1)
+
+
+@pytest.mark.slow
+def test_a_killed_decode_restart_takes_its_scheduler_and_detokenizer_with_it(real):
+    deployment, document = real
+    _killed_restart_then_restart(deployment, document, "decode", 3)  # HTTP server, scheduler, detokenizer
 
 
 def test_a_waiting_timeout_wedges_the_real_prefill_and_diagnose_says_wedged(real):
@@ -283,7 +310,8 @@ def test_a_waiting_timeout_wedges_the_real_prefill_and_diagnose_says_wedged(real
 
     deployment, document = real
     router = document["router"]
-    body = json.dumps({"text": prompt_words(3000), "sampling_params": {"max_new_tokens": 1}}).encode()
+    # 2500 tokens: within the decode's limit for this pool (2635); tens of seconds of prefill here.
+    body = json.dumps({"text": prompt_words(2500), "sampling_params": {"max_new_tokens": 1}}).encode()
     long_request = socket.create_connection(("127.0.0.1", int(router.rsplit(":", 1)[1])), timeout=10)
     try:
         long_request.sendall(b"POST /generate HTTP/1.1\r\nHost: pd\r\nContent-Type: application/json\r\n"
@@ -292,8 +320,11 @@ def test_a_waiting_timeout_wedges_the_real_prefill_and_diagnose_says_wedged(real
         log = deployment.log_text("prefill")
         assert "Exception in thread" in log and "(bootstrap_thread)" in log and "nixl/conn.py" in log
         assert "timed out after" in deployment.log_text("decode")  # the decode's own account of the trigger
+        # While its scheduler computes the long prompt the prefill's /health (a generation) waits and
+        # may say 503; once that is done the wedged prefill answers 200 again, as in production.
         for role in ("router", "prefill", "decode"):
-            assert health(document[role]) == 200
+            wait_until(lambda role=role: _answers(document[role]), 900, f"the {role}'s /health to answer 200",
+                       interval=2)
         status = deployment.status()
         assert status["roles"]["prefill"]["bootstrap_thread_alive"] is False  # py-spy: the thread is gone
         assert not status.healthy and "the prefill's bootstrap thread is dead" in status.problems()
