@@ -69,9 +69,11 @@ def environments_dir() -> Path:
 
 
 def in_engine_environment(path: str | Path) -> bool:
-    """Whether ``path`` (a file on this machine) lies inside an engine environment of this cache."""
-    root = os.path.realpath(environments_dir())
-    return os.path.realpath(path).startswith(root + os.sep)
+    """Whether ``path`` (a file on this machine) lies inside an engine environment of this cache: a
+    release's cached one, or a deployment's clone of it (``<cache>/engine/deployments/<key>/env``)."""
+    real = os.path.realpath(path)
+    roots = (environments_dir(), cache_dir() / "engine" / "deployments")
+    return any(real.startswith(os.path.realpath(root) + os.sep) for root in roots)
 
 
 def environment_dir(version: str) -> Path:
