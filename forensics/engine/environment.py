@@ -68,12 +68,6 @@ def environments_dir() -> Path:
     return path
 
 
-def in_engine_environment(path: str | Path) -> bool:
-    """Whether ``path`` (a file on this machine) lies inside an engine environment of this cache."""
-    root = os.path.realpath(environments_dir())
-    return os.path.realpath(path).startswith(root + os.sep)
-
-
 def environment_dir(version: str) -> Path:
     """Where ``version``'s engine environment lives (built or not)."""
     pins.check_release(version)
