@@ -72,26 +72,36 @@ class Release:
         return remote_file.sha256(self.adapted_bytes)
 
     @cached_property
-    def patched_on_original(self) -> bytes:
-        """The fix on the wheel's file (empty when the codemod has nothing to do or refuses it)."""
+    def fix_on_original(self) -> tuple[bytes, object]:
+        """The fix on the wheel's file and the codemod's result ((b"", None): it does not apply)."""
         return _patched_or_nothing(self.conn_bytes, self.version, f"sglang {self.version}: nixl/conn.py")
 
     @cached_property
-    def patched_on_adapted(self) -> bytes:
-        """The fix on the CPU-adapted file (empty when the codemod has nothing to do or refuses it)."""
+    def fix_on_adapted(self) -> tuple[bytes, object]:
+        """The fix on the CPU-adapted file and the codemod's result ((b"", None): it does not apply)."""
         return _patched_or_nothing(self.adapted_bytes, self.version,
                                    f"sglang {self.version}: nixl/conn.py (CPU-adapted)")
 
+    @property
+    def patched_on_original(self) -> bytes:
+        return self.fix_on_original[0]
 
-def _patched_or_nothing(data: bytes, version: str, label: str) -> bytes:
+    @property
+    def patched_on_adapted(self) -> bytes:
+        return self.fix_on_adapted[0]
+
+
+def _patched_or_nothing(data: bytes, version: str, label: str) -> tuple[bytes, object]:
     from forensics.exitcodes import EnvironmentProblem
     from patched_engine.apply import ApplyError
     from patched_engine.codemod import PatchError
 
+    if not data:
+        return b"", None
     try:
-        return patched_bytes(data, version, label)[0]
+        return patched_bytes(data, version, label)
     except (PatchError, ApplyError, EnvironmentProblem, UnicodeError):
-        return b""  # a release the fix does not apply to: no file of it can be "the fix on" it
+        return b"", None  # a release the fix does not apply to: no file of it can be "the fix on" it
 
 
 _releases: dict[tuple[str, str], Release] = {}

@@ -264,7 +264,10 @@ class DeployPlan:
                 "restart_decodes_why": self.restart_decodes_why}
 
 
-def plan_engine(inv, engine, *, release_cache: dict[str, Release | Exception]) -> EnginePlan:
+def plan_engine(inv, engine, *, release_cache: dict[str, Release | Exception], codemod: bool = True) -> EnginePlan:
+    """Locate ``engine``'s file, name it by its bytes, and (``codemod``) patch it in memory.
+
+    ``patch status`` asks without ``codemod``: what a file is needs no patched copy of it."""
     from patched_engine.apply import ApplyError
     from patched_engine.codemod import PatchError
 
@@ -314,9 +317,12 @@ def plan_engine(inv, engine, *, release_cache: dict[str, Release | Exception]) -
         kind=kind, release=version, release_sha256=release_sha, reason=reason, patch_id=patch_id, wheel=release,
         base=base, local=local,
     )
-    if kind != "patched":
+    if kind != "patched" and codemod:
         try:
-            plan.new_bytes, plan.patch = patched_bytes(original, version, located.path)
+            if kind in ("original", "cpu-adapted") and release is not None:  # the same bytes, patched once
+                plan.new_bytes, plan.patch = release.fix_on_original if kind == "original" else release.fix_on_adapted
+            if plan.patch is None:
+                plan.new_bytes, plan.patch = patched_bytes(original, version, located.path)
             plan.diff = plan.patch.diff
         except (PatchError, ApplyError, UnicodeEncodeError) as exc:
             plan.problem = f"the codemod refuses {located.path}: {exc}"

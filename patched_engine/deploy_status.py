@@ -104,7 +104,7 @@ def status(source: Any) -> StatusReport:
     try:
         for engine in inv.engines_with("prefill"):
             try:
-                plan = plan_engine(inv, engine, release_cache=cache)
+                plan = plan_engine(inv, engine, release_cache=cache, codemod=False)
             except EnvironmentProblem as exc:
                 engines.append(EngineStatus(engine.name, engine.label, "unreadable", reason=str(exc)))
                 continue

@@ -24,6 +24,7 @@ import tomli_w
 from forensics.cache import cache_dir
 from forensics.engine import adaptations
 from forensics.engine.adaptations import NIXL_CONN, NIXL_DRAM
+from forensics.engine.environment import STEPS
 from forensics.sglang_source import fetch
 from patched_engine import deploy as deploy_mod
 from patched_engine.baselines import accepted_baselines, adapted_baseline_problem, release_conn
@@ -63,11 +64,9 @@ def site_packages(env_root: Path, conn: bytes, *, record: bool | str = True) -> 
     (common / "conn.py").write_bytes(source.verified_read_bytes(source.root / "sglang/srt/disaggregation/common/conn.py"))
     (nixl / "conn.py").write_bytes(conn)
     if record:
-        adapted = adaptations.adapted_sglang_files(VERSION)[NIXL_CONN]
-        digest = record if isinstance(record, str) else adapted.sha256
-        state = {"format": 1, "done": ["venv", "torch", "dependencies", "sglang", "engine extras", "adaptations",
-                                       "imports"],
-                 "adapted": {NIXL_CONN: {"adaptation": NIXL_DRAM.name, "lines": list(adapted.lines), "sha256": digest}}}
+        digest = record if isinstance(record, str) else adaptations.adapted_baseline(VERSION)[NIXL_CONN]
+        state = {"format": 1, "done": list(STEPS),
+                 "adapted": {NIXL_CONN: {"adaptation": NIXL_DRAM.name, "lines": None, "sha256": digest}}}
         (env_root / "state.json").write_text(json.dumps(state))
     return site
 
