@@ -34,7 +34,24 @@ def command() -> None:
     """The local PD twin: prefill (sglang's real bootstrap loop), decode, router on 127.0.0.1."""
 
 
+def _attach(inventory: str):
+    """The deployment an inventory describes: the twin, or the real engine (``[twin] engine = "sglang"``)."""
+    from forensics.inventory import load
+
+    if load(inventory).twin.get("engine") == "sglang":
+        from forensics.engine import deployment
+
+        return deployment.attach(inventory)
+    from forensics.twin import api
+
+    return api.attach(inventory)
+
+
 @command.command()
+@click.option("--engine", type=click.Choice(["twin", "sglang"]), default="twin", show_default=True,
+              help="twin: this project's processes around sglang's bootstrap loop; sglang: the real engine")
+@click.option("--model", "model_size", type=click.Choice(["tiny", "slow-prefill"]), default=None,
+              help="the model the real engine serves (--engine sglang; default tiny)")
 @click.option("--sglang", "version", default="0.5.15", show_default=True, help="sglang release to run")
 @click.option("--decode-sglang", "decode_version", default=None,
               help="the decode's release, when it differs (a rolling upgrade); the pair's frames are checked first")
@@ -45,15 +62,28 @@ def command() -> None:
               help="decode waiting timeout, s, positive (sglang: 300)")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None, help="twin directory")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def up(version, decode_version, patched, backend, base_port, waiting_timeout, directory, as_json) -> None:
-    """Start a twin and print its URLs and inventory."""
-    from forensics.twin import api
+def up(engine, model_size, version, decode_version, patched, backend, base_port, waiting_timeout, directory,
+       as_json) -> None:
+    """Start a twin (or the real engine: --engine sglang) and print its URLs and inventory."""
     from forensics.twin.settings import DEFAULT_WAITING_TIMEOUT_S
 
-    deployment = api.up(version, patched=patched, backend=backend, base_port=base_port,
-                        waiting_timeout=DEFAULT_WAITING_TIMEOUT_S if waiting_timeout is None else waiting_timeout,
-                        directory=directory, decode_sglang=decode_version)
-    data = dict(deployment.urls(), sglang=version, decode_sglang=decode_version or version, patched=patched,
+    waiting = DEFAULT_WAITING_TIMEOUT_S if waiting_timeout is None else waiting_timeout
+    if engine == "sglang":
+        from forensics.engine import deployment as real
+
+        progress = None if as_json else (lambda step: click.echo(f"engine environment: {step}", err=True))
+        deployment = real.up(version, patched=patched, backend=backend, base_port=base_port, waiting_timeout=waiting,
+                             directory=directory, decode_sglang=decode_version, model_size=model_size or "tiny",
+                             progress=progress)
+    else:
+        if model_size is not None:
+            raise click.UsageError("--model: only the real engine (--engine sglang) serves a model")
+        from forensics.twin import api
+
+        deployment = api.up(version, patched=patched, backend=backend, base_port=base_port, waiting_timeout=waiting,
+                            directory=directory, decode_sglang=decode_version)
+    data = dict(deployment.urls(), engine=engine, sglang=version, decode_sglang=decode_version or version,
+                patched=patched,
                 backend=backend, pair=deployment.pair,
                 directory=str(deployment.directory), timings_s=deployment.timings,
                 pids={role: deployment.pid(role) for role in ("prefill", "decode", "router")})
@@ -75,9 +105,7 @@ def up(version, decode_version, patched, backend, base_port, waiting_timeout, di
 @click.option("--json", "as_json", is_flag=True)
 def status(inventory, as_json) -> None:
     """Is each process alive and answering; is the prefill's bootstrap thread alive? (exit 1 if not)"""
-    from forensics.twin import api
-
-    report = api.attach(inventory).status()
+    report = _attach(inventory).status()
     healthy = report.healthy
     document = dict(report.to_dict(), healthy=healthy)
 
@@ -95,9 +123,7 @@ def status(inventory, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def restart(role, inventory, as_json) -> None:
     """Restart one role (what 'systemctl restart' is for a live host)."""
-    from forensics.twin import api
-
-    deployment = api.attach(inventory)
+    deployment = _attach(inventory)
     # restart() raises (exit 4) when a role does not come back ready; then check what runs now.
     seconds = deployment.restart(role)
     report = deployment.status()
@@ -117,9 +143,7 @@ def restart(role, inventory, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def down(inventory, as_json) -> None:
     """Stop every process of the twin (exit 1 if any is still running afterwards)."""
-    from forensics.twin import api
-
-    deployment = api.attach(inventory)
+    deployment = _attach(inventory)
     pids = {role: deployment.pid(role) for role in ("prefill", "decode", "router")}
     report = deployment.take_down()
     still = report["still_running"]
@@ -136,6 +160,11 @@ def down(inventory, as_json) -> None:
         message += (f"; {role}: the pid record (pid {pids[role]}) is stale and port(s) "
                     f"{', '.join(map(str, ports))} still listen, held by no process provably this twin's: "
                     "nothing signalled, record kept")
+    if report.get("killed"):
+        message += (f"; SIGKILLed after the stop timeout: {', '.join(report['killed'])} "
+                    "(did not finish its SIGTERM)")
+    if report.get("removed_environment"):
+        message += f"; removed its engine environment {report['removed_environment']}"
     if report["removed_directory"]:
         message += f"; removed the twin's directory {report['removed_directory']}"
     if still:

@@ -71,7 +71,8 @@ class TwinStatus(dict):
 
     def headline(self) -> str:
         decode = f" (decode {self['decode_sglang']})" if self.get("decode_sglang") else ""
-        name = f"twin sglang {self.get('sglang')}{decode}{' (patched)' if self.get('patched') else ''}"
+        kind = "real sglang" if self.get("engine") == "sglang" else "twin sglang"
+        name = f"{kind} {self.get('sglang')}{decode}{' (patched)' if self.get('patched') else ''}"
         if self.healthy:
             return f"{name}: healthy"
         return f"{name}: UNHEALTHY: {'; '.join(self.problems()) or 'not every role answers'}"

@@ -41,6 +41,13 @@ class TwinSettings:
     health_timeout_s: float = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
     log_level: str = "info"
     created_directory: bool = False  # the twin made ``directory`` itself: ``twin down`` removes it
+    # What runs: "twin" (this project's processes around sglang's bootstrap loop) or "sglang" (the
+    # real engine, forensics.engine.deployment). The real engine's own environment (a clone in the
+    # cache, holding ``sglang_root``) and the model it serves:
+    engine: str = "twin"
+    engine_env: str = ""
+    model: str = ""
+    model_size: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
