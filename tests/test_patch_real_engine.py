@@ -1,0 +1,197 @@
+"""Acceptance: ``patch status|deploy|rollback`` and ``validate`` on a real sglang 0.5.15 deployment.
+
+One real deployment for the module (``twin up --engine sglang``, the slow-prefill model, so that a
+3000-token prompt keeps the prefill busy long enough for a client to die while its KV is pending),
+started unpatched through the CLI. The tests run in order on it: ``patch status`` says
+``cpu-adapted`` (exit 1); ``patch deploy --yes`` writes the fix into the deployment's own clone of
+the engine environment, restarts the prefill and (0.5.15's decode blocks on a restarted prefill)
+the decode, and proves liveness with a real request; ``patch status`` says ``patched (on the
+CPU-adapted file)`` (exit 0); a client killed while its KV is pending makes the real decode send
+ABORT, which the patched prefill survives (its thread alive, the next request answered);
+``validate`` PASSes; ``patch rollback --yes`` puts the adapted bytes back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from cli_helpers import one_document, run_forensics
+from real_engine_helpers import enough_memory, post, wait_until
+
+from forensics.engine import clone, environment
+from forensics.engine.adaptations import NIXL_CONN
+from forensics.engine.deployment import attach
+from forensics.inventory import load
+from patched_engine.baselines import release_conn
+from patched_engine.deploy_steps import planned
+
+VERSION = "0.5.15"
+GUARD = "First message should be b'NixlMsgGuard'. Foreign traffic?"
+WAITING_TIMEOUT_S = 120
+KILL_PROMPT_WORDS = 1000  # the slow-prefill model: seconds of prefill, the window in which the client dies
+ABORT_SEEN = "Received abort notification for room"  # the fix logs each ABORT it handles at INFO
+pytestmark = [pytest.mark.server, pytest.mark.timeout(1800)]
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    enough_memory()
+    directory = tmp_path_factory.mktemp("patch-engine") / "pd"
+    started = time.monotonic()
+    # The decode waits up to 120 s for KV: the request after a kill waits for the prefill to finish
+    # the aborted one (real sglang's prefill still runs it) on a loaded machine.
+    result = run_forensics("twin", "up", "--engine", "sglang", "--model", "slow-prefill", "--waiting-timeout",
+                           str(WAITING_TIMEOUT_S), "--dir", str(directory), "--json", timeout=1500)
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = one_document(result.stdout)
+    print(f"\nreal-engine deployment up in {time.monotonic() - started:.1f} s: {document.get('timings_s')}")
+    deployment = attach(document["inventory"])
+    try:
+        yield deployment, document
+    finally:
+        if (directory / "inventory.toml").exists():
+            run_forensics("twin", "down", "--inventory", str(directory / "inventory.toml"), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def release():
+    return release_conn(VERSION)
+
+
+def patch(*args: str, timeout: float = 900):
+    started = time.monotonic()
+    done = run_forensics("patch", *args, timeout=timeout)
+    print(f"\npatch {args[0]}: exit {done.returncode} in {time.monotonic() - started:.1f} s")
+    return done
+
+
+def conn_of(deployment) -> Path:
+    return Path(deployment.inventory.engine("prefill").sglang_location) / NIXL_CONN
+
+
+def prefill_status(inventory: str) -> tuple[int, dict]:
+    done = patch("status", "--inventory", inventory, "--json")
+    document = one_document(done.stdout)
+    [engine] = document["engines"]
+    return done.returncode, engine
+
+
+def test_unpatched_status_is_cpu_adapted(real, release):
+    deployment, document = real
+    assert conn_of(deployment).read_bytes() == release.adapted_bytes
+    status, engine = prefill_status(document["inventory"])
+    assert status == 1 and engine["state"] == "cpu-adapted" and engine["base"] is None, engine
+    assert engine["sha256"] == release.adapted_sha256 and "cpu-nixl-dram" in engine["reason"]
+
+
+def test_deploy_writes_the_fix_restarts_prefill_and_decode_and_proves_liveness(real, release):
+    deployment, document = real
+    inventory = document["inventory"]
+    # A deployment of ours needs no --yes, so its plan is read through the library (nothing written).
+    [warning] = planned("deploy", load(inventory), Path(inventory), None).plan.warnings()
+    assert "blocks for good" in warning and "twin up --engine sglang" in warning
+    assert "the deploy restarts it after the prefill (as --restart-decodes does, unasked" in warning
+    before = {role: deployment.pid(role) for role in ("prefill", "decode", "router")}
+    done = patch("deploy", "--inventory", inventory, "--yes", "--json")
+    record = one_document(done.stdout)
+    assert done.returncode == 0 and record["outcome"] == "deployed", json.dumps(record)[:4000]
+    assert record["restart_decodes"] is True and "real sglang 0.5.15" in record["restart_decodes_why"]
+    [engine] = record["engines"]
+    assert engine["kind"] == "cpu-adapted" and engine["sha256"] == release.adapted_sha256
+    names = [(s["engine"], s["name"], s["state"]) for s in record["steps"]]
+    assert ("prefill-0", "restart", "ok") in names and ("decode-0", "restart the decode", "ok") in names
+    assert record["liveness"]["outcome"] == "ok"
+    print(f"\ndeploy: liveness after {record['liveness']['waited_s']} s; steps "
+          f"{[(s['name'], round(s['duration_s'], 1)) for s in record['steps']]}")
+    assert deployment.pid("prefill") != before["prefill"] and deployment.pid("decode") != before["decode"]
+    assert deployment.pid("router") == before["router"]
+    conn = conn_of(deployment)
+    assert conn.read_bytes() == release.patched_on_adapted
+    [backup] = sorted(conn.parent.glob("conn.py.pd-forensics-backup-*"))
+    assert backup.read_bytes() == release.adapted_bytes  # the baseline kept is the adapted file, as it ran
+    cached = environment._site_packages(environment.environment_dir(VERSION)) / NIXL_CONN
+    assert cached.read_bytes() == release.adapted_bytes  # the release's cached environment stays pristine
+    assert os.stat(cached).st_ino != os.stat(conn).st_ino
+
+
+def test_status_after_the_deploy_is_patched_on_the_cpu_adapted_file(real):
+    deployment, document = real
+    status, engine = prefill_status(document["inventory"])
+    assert status == 0 and engine["state"] == "patched" and engine["base"] == "cpu-adapted", engine
+    assert engine["text"] == "patched (on the CPU-adapted file)" and engine["running"]["verdict"] == "this-file"
+    shown = patch("status", "--inventory", document["inventory"])
+    assert shown.returncode == 0 and "patched (on the CPU-adapted" in shown.stdout.replace("\n", " ")
+
+
+def _arrivals(decode_url: str) -> int:
+    """The decode's count of chat completions (the storm observer's counter: it rises as a request arrives)."""
+    with urllib.request.urlopen(decode_url + "/metrics", timeout=30) as answer:
+        page = answer.read().decode()
+    total = 0
+    for line in page.splitlines():
+        if (line.startswith("sglang:http_requests_total{") and 'endpoint="/v1/chat/completions"' in line
+                and 'method="POST"' in line):
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+def test_the_patched_prefill_survives_a_client_killed_while_its_kv_is_pending(real):
+    """The kill that wedges an unpatched 0.5.15 (tests/test_engine_deployment.py shows that wedge):
+    a streaming client reset while the decode holds its request and the slow prefill works on it.
+    The decode aborts the request and sends ABORT; the fix marks the room Failed and the loop lives."""
+    from forensics.engine.model import prompt_words
+
+    deployment, document = real
+    router, decode = document["router"], document["decode"]
+    log_before = len(deployment.log_text("prefill"))
+    arrived = _arrivals(decode)
+    body = json.dumps({"model": "default", "stream": True, "max_tokens": 4, "messages": [
+        {"role": "user", "content": prompt_words(KILL_PROMPT_WORDS)}]}).encode()
+    client = socket.create_connection(("127.0.0.1", int(router.rsplit(":", 1)[1])), timeout=30)
+    try:
+        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: pd\r\nContent-Type: application/json\r\n"
+                       + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        wait_until(lambda: _arrivals(decode) > arrived, 120, "the request to arrive at the decode")
+    finally:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # a reset, as a killed client's kernel sends: no first token was streamed yet
+    wait_until(lambda: ABORT_SEEN in deployment.log_text("prefill")[log_before:], 300,
+               "the patched prefill to log the decode's ABORT")
+    log = deployment.log_text("prefill")[log_before:]
+    assert GUARD not in log and "(bootstrap_thread)" not in log
+    status = deployment.status()
+    assert status["roles"]["prefill"]["bootstrap_thread_alive"] is True, status  # py-spy: the thread lives
+    answer = post(router + "/generate", {"text": "ba be bi bo", "sampling_params": {"max_new_tokens": 2}},
+                  timeout=300)
+    assert answer["meta_info"]["completion_tokens"] == 2
+
+
+def test_validate_passes_on_the_patched_deployment(real):
+    deployment, document = real
+    started = time.monotonic()
+    done = run_forensics("validate", "--inventory", document["inventory"], "--cycles", "1", "--sessions", "20",
+                         "--json", timeout=1200)
+    campaign = one_document(done.stdout)
+    print(f"\nvalidate: exit {done.returncode} in {time.monotonic() - started:.1f} s")
+    assert done.returncode == 0 and campaign["status"] == "PASS", json.dumps(campaign)[:4000]
+
+
+def test_rollback_puts_the_cpu_adapted_file_back(real, release):
+    deployment, document = real
+    done = patch("rollback", "--inventory", document["inventory"], "--yes", "--json")
+    record = one_document(done.stdout)
+    assert done.returncode == 0 and record["outcome"] == "rolled-back", json.dumps(record)[:4000]
+    [step] = [s for s in record["steps"] if s["name"] == "read and check the backup"]
+    assert release.adapted_sha256[:12] in step["detail"] and "an engine environment's baseline" in step["detail"]
+    assert ("decode-0", "restart the decode", "ok") in [(s["engine"], s["name"], s["state"]) for s in record["steps"]]
+    assert conn_of(deployment).read_bytes() == release.adapted_bytes
+    status, engine = prefill_status(document["inventory"])
+    assert status == 1 and engine["state"] == "cpu-adapted", engine
+    assert clone.deployment_cache(deployment.directory).exists()
