@@ -1,0 +1,38 @@
+"""The differences between the twin and the real engine that are allowed, each with its reason.
+
+One place: the check (:mod:`forensics.fidelity.compare`) marks a difference allowed only when an
+entry here matches it, and ``docs/fidelity.md`` lists the same entries. Only what a CPU engine
+of this project cannot show, or what depends on the run rather than the engine, is here; every
+other difference is a bug of the twin (or of a reader) and is reported.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Allowed:
+    aspect: str  # "metrics", "endpoints", "processes", "threads", "logs", "generate"
+    item: str  # fnmatch pattern over the difference's item
+    reason: str
+    role: str = "*"
+    kind: str = "*"  # "missing" (the twin lacks it), "extra" (the twin has it), "different", ...
+
+    def matches(self, aspect: str, role: str, item: str, kind: str) -> bool:
+        return (aspect == self.aspect and fnmatch.fnmatchcase(role, self.role)
+                and fnmatch.fnmatchcase(item, self.item) and fnmatch.fnmatchcase(kind, self.kind))
+
+
+ALLOWED: tuple[Allowed, ...] = (
+    Allowed("metrics", "sglang:cuda_graph_*", "CUDA graphs: the real engine runs with --disable-cuda-graph on a CPU "
+            "and still declares the family; the twin has no graph to count (a GPU engine's figure)"),
+)
+
+
+def allowed_reason(aspect: str, role: str, item: str, kind: str) -> str | None:
+    for entry in ALLOWED:
+        if entry.matches(aspect, role, item, kind):
+            return entry.reason
+    return None
