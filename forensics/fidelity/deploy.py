@@ -18,7 +18,7 @@ from pathlib import Path
 
 from forensics.fidelity.capture import RoleTarget, Target
 
-WAITING_TIMEOUT_S = 20.0  # long enough for the served request, short enough for a CI lane
+WAITING_TIMEOUT_S = 60.0  # above a fresh real engine's first request on a loaded 2-core machine (24 s seen), short enough for CI
 TWIN_PREFILL_RATE_TPS = 300.0  # the twin's 3000-token prefill takes ~10 s, as the real one's takes seconds
 REAL_MODEL = "slow-prefill"
 
@@ -62,7 +62,10 @@ def twin(version: str, *, waiting_timeout_s: float = WAITING_TIMEOUT_S) -> Itera
     """The twin of ``version``, as slow to prefill as the check's abort needs; yields its :class:`Target`."""
     from forensics.twin import api
 
-    with api.up(version, waiting_timeout=waiting_timeout_s, prefill_rate_tps=TWIN_PREFILL_RATE_TPS) as deployment:
+    # disaggregation_debug off: sglang's default level, as the real engine runs (the default twin logs
+    # sglang.srt.disaggregation at DEBUG for the storm; docs/fidelity.md)
+    with api.up(version, waiting_timeout=waiting_timeout_s, prefill_rate_tps=TWIN_PREFILL_RATE_TPS,
+                disaggregation_debug=False) as deployment:
         target = Target.from_inventory(deployment.inventory_path, name="twin")
         target.waiting_timeout_s = waiting_timeout_s
         yield target
