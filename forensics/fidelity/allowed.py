@@ -26,8 +26,13 @@ class Allowed:
 
 
 ALLOWED: tuple[Allowed, ...] = (
-    Allowed("metrics", "sglang:cuda_graph_*", "CUDA graphs: the real engine runs with --disable-cuda-graph on a CPU "
-            "and still declares the family; the twin has no graph to count (a GPU engine's figure)"),
+    Allowed("endpoints", "/v1/loads", "the real engine's environment, not sglang: with fastapi 0.165.0 (the engine "
+            "environment's pin) sglang 0.5.15's HTTP middleware raises AttributeError: '_IncludedRouter' object has "
+            "no attribute 'path' (utils/common.py:2385) and /v1/loads answers 500; the twin answers as sglang does "
+            "with the fastapi it was written for", kind="status"),
+    Allowed("generate", "/generate meta_info", "the twin's own instrumentation: kv_bytes, kv_intact and "
+            "bootstrap_room prove the KV pages arrived intact (tests and benchmarks read them); they are added, "
+            "never in place of a key the real engine writes", kind="extra-keys"),
 )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import html
 import re
 import tempfile
+import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,8 @@ class LogFacts:
     lines: int
     signatures: list[str]
     unknown: list[tuple[int, str]]  # (line in the slice, text) of lines in no known format
+    event_lines: set[int] = field(default_factory=set)  # 1-based lines the catalogue placed
+    kinds: set[str] = field(default_factory=set)  # "batch", "access": the lines readers parse for numbers
 
 
 def log_facts(lines: list[str], role: str) -> LogFacts:
@@ -82,10 +85,12 @@ def log_facts(lines: list[str], role: str) -> LogFacts:
         result = scan([str(path)], role=role)
         samples = [pair for found in result.unknown_samples.values() for pair in found]
         signatures = sorted(set(result.events["signature"].astype(str))) if len(result.events) else []
+        event_lines = {int(n) for n in result.events["line"].dropna()} if len(result.events) else set()
+        kinds = {kind for kind, frame in (("batch", result.batches), ("access", result.access)) if len(frame)}
         unknown = int(result.sources["lines_unknown"].sum()) if len(result.sources) else 0
         if unknown and len(samples) < unknown:  # the scanner keeps a sample; name the rest by count
             samples.append((0, f"... and {unknown - len(samples)} more"))
-    return LogFacts(len(lines), signatures, samples)
+    return LogFacts(len(lines), signatures, samples, event_lines, kinds)
 
 
 @dataclass
@@ -115,10 +120,11 @@ class FidelityReport:
 
     def text(self, width: int = 80) -> str:
         """The report for a terminal: headline, figures, then one line per difference (``width`` wide)."""
-        lines = [self.headline()]
+        lines = textwrap.wrap(self.headline(), width)
         for name, per_role in self.figures.items():
-            lines.append(f"  {name}: " + "; ".join(f"{role} real {v.get('real')} twin {v.get('twin')}"
-                                                  for role, v in per_role.items()))
+            lines += textwrap.wrap(f"{name}: " + "; ".join(f"{role} real {v.get('real')} twin {v.get('twin')}"
+                                                          for role, v in per_role.items()),
+                                   width, initial_indent="  ", subsequent_indent="    ")
         for aspect in dict.fromkeys(d.aspect for d in self.differences):
             rows = [d for d in self.differences if d.aspect == aspect]
             lines.append(f"{aspect} ({len(rows)}):")
@@ -131,7 +137,8 @@ class FidelityReport:
                 if d.allowed:
                     reason = f"       allowed: {d.allowed}"
                     lines.append(reason if len(reason) <= width else reason[: width - 3] + "...")
-        lines.extend(f"note: {n}" for n in self.notes)
+        for note in self.notes:
+            lines += textwrap.wrap(f"note: {note}", width, subsequent_indent="  ")
         return "\n".join(lines)
 
     def headline(self) -> str:
@@ -186,9 +193,10 @@ def _compare_endpoints(real: Capture, twin: Capture, report: FidelityReport) -> 
                 _add(report, "endpoints", role, route, "keys", ",".join(sorted(rk - tk)), ",".join(sorted(tk - rk)))
     for part in sorted(set(real.generate) | set(twin.generate)):
         rk, tk = set(real.generate.get(part, ())), set(twin.generate.get(part, ()))
-        if rk != tk:
-            _add(report, "generate", "router", f"/generate {part}", "keys", ",".join(sorted(rk - tk)),
-                 ",".join(sorted(tk - rk)))
+        if rk - tk:
+            _add(report, "generate", "router", f"/generate {part}", "missing-keys", ",".join(sorted(rk - tk)))
+        if tk - rk:
+            _add(report, "generate", "router", f"/generate {part}", "extra-keys", twin=",".join(sorted(tk - rk)))
 
 
 def _multiset_text(counter: Counter) -> str:
@@ -219,6 +227,7 @@ def _compare_processes(real: Capture, twin: Capture, report: FidelityReport) -> 
 def _compare_logs(real: Capture, twin: Capture, report: FidelityReport) -> None:
     lines_seen = {}
     templates: dict[tuple[str, str], dict[str, str]] = {}  # (side, role) -> template -> a line
+    kinds: dict[tuple[str, str], set[str]] = {}  # (side, role) -> the kinds of numeric lines seen
     for event in EVENTS:
         for role in sorted(set(real.logs.get(event, {})) | set(twin.logs.get(event, {}))):
             rl, tl = real.logs.get(event, {}).get(role, []), twin.logs.get(event, {}).get(role, [])
@@ -232,15 +241,20 @@ def _compare_logs(real: Capture, twin: Capture, report: FidelityReport) -> None:
                 _add(report, "logs", role, f"{event}: {name}", "missing", "signature")
             for name in sorted(set(tf.signatures) - set(rf.signatures)):
                 _add(report, "logs", role, f"{event}: {name}", "extra", twin="signature")
-            for side, lines in (("real", rl), ("twin", tl)):
+            for side, lines, facts in (("real", rl, rf), ("twin", tl, tf)):
+                kinds.setdefault((side, role), set()).update(facts.kinds)
                 bucket = templates.setdefault((side, role), {})
-                for line in lines:
-                    if line.strip():
+                for number, line in enumerate(lines, 1):
+                    # a line the catalogue placed is checked by its signature (the catalogue's
+                    # patterns are sglang's format strings), wherever the twin wrote it
+                    if line.strip() and number not in facts.event_lines:
                         bucket.setdefault(template(line), line)
     for role in sorted({role for _side, role in templates}):
         real_t, twin_t = templates.get(("real", role), {}), templates.get(("twin", role), {})
         for shape in sorted(set(twin_t) - set(real_t)):
             _add(report, "logs", role, shape[:160], "format", twin=twin_t[shape].strip()[:160])
+        for kind in sorted(kinds.get(("real", role), set()) - kinds.get(("twin", role), set())):
+            _add(report, "logs", role, f"{kind} lines", "missing", "written", "none")
         unmatched = len(set(real_t) - set(twin_t))
         report.notes.append(f"{role}: {unmatched} of the real engine's {len(real_t)} line formats are not "
                             "written by the twin (model loading, server arguments, ...); compared by signature")
