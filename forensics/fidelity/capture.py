@@ -239,7 +239,9 @@ class Capture:
     def load(cls, path: str | Path) -> Capture:
         try:
             return cls.from_dict(json.loads(Path(path).read_text()))
-        except (OSError, ValueError, KeyError) as exc:
+        except KeyError as exc:
+            raise CaptureError(f"{path}: not a fidelity capture (no {exc} key)") from None
+        except (OSError, ValueError) as exc:
             raise CaptureError(f"{path}: not a fidelity capture ({exc})") from None
 
 

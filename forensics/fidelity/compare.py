@@ -132,11 +132,11 @@ class FidelityReport:
                 mark = "ok " if d.allowed else "!! "
                 detail = f" real={d.real}" if d.real else ""
                 detail += f" twin={d.twin}" if d.twin else ""
-                entry = f"  {mark}{d.role:<7} {d.kind:<12} {d.item}{detail}"
-                lines.append(entry if len(entry) <= width else entry[: width - 3] + "...")
+                lines += textwrap.wrap(f"{mark}{d.role:<7} {d.kind:<12} {d.item}{detail}", width,
+                                       initial_indent="  ", subsequent_indent="       ", break_on_hyphens=False)
                 if d.allowed:
-                    reason = f"       allowed: {d.allowed}"
-                    lines.append(reason if len(reason) <= width else reason[: width - 3] + "...")
+                    lines += textwrap.wrap(f"allowed: {d.allowed}", width, initial_indent="       ",
+                                           subsequent_indent="         ")
         for note in self.notes:
             lines += textwrap.wrap(f"note: {note}", width, subsequent_indent="  ")
         return "\n".join(lines)
@@ -173,10 +173,10 @@ def _compare_metrics(real: Capture, twin: Capture, report: FidelityReport) -> No
             if r[name]["type"] != t[name]["type"]:
                 _add(report, "metrics", role, name, "type", r[name]["type"], t[name]["type"])
             if r[name]["labels"] != t[name]["labels"]:
-                _add(report, "metrics", role, name, "labels", ",".join(r[name]["labels"]), ",".join(t[name]["labels"]))
+                _add(report, "metrics", role, name, "labels", ", ".join(r[name]["labels"]), ", ".join(t[name]["labels"]))
             rs, ts = set(r[name]["samples"]), set(t[name]["samples"])
             if rs and ts and rs != ts:  # a family both declare but one has no sample yet is not a format question
-                _add(report, "metrics", role, name, "samples", ",".join(sorted(rs - ts)), ",".join(sorted(ts - rs)))
+                _add(report, "metrics", role, name, "samples", ", ".join(sorted(rs - ts)), ", ".join(sorted(ts - rs)))
     report.figures["families"] = counts
 
 
@@ -190,13 +190,13 @@ def _compare_endpoints(real: Capture, twin: Capture, report: FidelityReport) -> 
                 continue
             rk, tk = set(ra.get("keys") or ()), set(ta.get("keys") or ())
             if rk != tk:
-                _add(report, "endpoints", role, route, "keys", ",".join(sorted(rk - tk)), ",".join(sorted(tk - rk)))
+                _add(report, "endpoints", role, route, "keys", ", ".join(sorted(rk - tk)), ", ".join(sorted(tk - rk)))
     for part in sorted(set(real.generate) | set(twin.generate)):
         rk, tk = set(real.generate.get(part, ())), set(twin.generate.get(part, ()))
         if rk - tk:
-            _add(report, "generate", "router", f"/generate {part}", "missing-keys", ",".join(sorted(rk - tk)))
+            _add(report, "generate", "router", f"/generate {part}", "missing-keys", ", ".join(sorted(rk - tk)))
         if tk - rk:
-            _add(report, "generate", "router", f"/generate {part}", "extra-keys", twin=",".join(sorted(tk - rk)))
+            _add(report, "generate", "router", f"/generate {part}", "extra-keys", twin=", ".join(sorted(tk - rk)))
 
 
 def _multiset_text(counter: Counter) -> str:
