@@ -60,6 +60,12 @@ class MetricSpec:
     conditional: bool  # declared under an ``if``: a default engine does not register it
     path: str  # relative to the release root
     line: int
+    # prometheus_client's multiprocess_mode as declared (sglang runs it in multiprocess mode): a
+    # gauge in mode "all" (the Gauge default) is exported with a ``pid`` label per process. Wrappers
+    # (GaugeHistogram) default to "mostrecent"; "" for kinds other than gauge.
+    multiprocess_mode: str = ""
+    # A wrapper's ``bucket_bounds`` (GaugeHistogram: one child per (gt, le] bucket), when literal.
+    bucket_bounds: tuple[float, ...] | None = None
 
     @property
     def family(self) -> str:
@@ -72,6 +78,9 @@ class ReleaseMetrics:
     version: str
     specs: tuple[MetricSpec, ...]
     labels: dict  # collector -> tuple of label names ({"scheduler": (...), "tokenizer": (...)})
+    # The scheduler collector's attributes that ``log_stats`` and ``emit_constants`` write outside
+    # any ``if`` (what every stats tick and the start-up write); None when the release has neither.
+    tick_written: frozenset[str] | None = None
 
     def registered(self) -> tuple[MetricSpec, ...]:
         """What a default PD engine of this release registers (the unconditional declarations)."""
@@ -276,11 +285,18 @@ class _Reader:
         except _Unresolved as missing:
             raise MetricSourceError(f"{self.relative}:{node.lineno}: labelnames of {name.value} use "
                                     f"{missing}, which this reader cannot evaluate") from None
+        mode_node = _argument(node, "multiprocess_mode", 99)
+        if isinstance(mode_node, ast.Constant) and isinstance(mode_node.value, str):
+            mode = mode_node.value
+        else:  # the wrapper's own default (GaugeHistogram: "mostrecent"), or Gauge's ("all")
+            mode = ("mostrecent" if extra is not None else "all") if kind == "gauge" else ""
+        bounds_node = _argument(node, "bucket_bounds", 99) if extra is not None else None
         return MetricSpec(
             name=name.value, kind=kind, documentation=_text(_argument(node, "documentation", 1)),
             labelnames=tuple(labelnames), collector=collector, attribute=attribute,
             buckets=_buckets(_argument(node, "buckets", 3), literals) if kind == "histogram" else None,
-            conditional=conditional, path=self.relative, line=node.lineno)
+            conditional=conditional, path=self.relative, line=node.lineno, multiprocess_mode=mode,
+            bucket_bounds=_buckets(bounds_node, literals) if bounds_node is not None else None)
 
 
 def _wrappers(source: sglang_source.SglangSource, tree: ast.Module) -> dict[str, tuple[str, ast.AST | None]]:
@@ -351,6 +367,7 @@ def read_tree(source: sglang_source.SglangSource) -> ReleaseMetrics:
     if relative is None:
         raise MetricSourceError(f"sglang {source.version} at {root} has none of {', '.join(COLLECTOR_FILES)}")
     labels = _label_dicts(source)
+    written: frozenset[str] | None = None
     collector_tree = ast.parse(source.read(relative))
     reader = _Reader(source, relative, _wrappers(source, collector_tree))
     classes = {n.name: n for n in reader.tree.body if isinstance(n, ast.ClassDef)}
@@ -360,9 +377,49 @@ def read_tree(source: sglang_source.SglangSource) -> ReleaseMetrics:
             raise MetricSourceError(f"sglang {source.version}: {relative} has no class {class_name}")
         methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
         reader.scope(methods["__init__"], collector, {"labels": labels[collector]}, methods)
+        if collector == "scheduler":
+            written = _unconditional_writes([methods[m] for m in TICK_METHODS if m in methods])
     specs = list(reader.specs)
     specs += _http_specs(source)
-    return ReleaseMetrics(version=source.version, specs=tuple(specs), labels=labels)
+    return ReleaseMetrics(version=source.version, specs=tuple(specs), labels=labels, tick_written=written)
+
+
+# The scheduler collector's methods a default engine calls on every stats tick and once at start.
+TICK_METHODS = ("log_stats", "emit_constants")
+
+
+def _unconditional_writes(functions: list[ast.FunctionDef]) -> frozenset[str] | None:
+    """``self.<attr>`` written in ``functions`` outside any ``if``/loop: the first argument of a
+    ``self._log_*`` helper, or the receiver of ``.labels``/``.set``/``.set_by_current_observations``."""
+    if not functions:
+        return None
+    found: set[str] = set()
+
+    def self_attribute(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            return node.attr
+        return None
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.If, ast.For, ast.While, ast.Try, *_NESTED)):
+            return
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            helper = self_attribute(node.func)
+            if helper and helper.startswith("_log_") and node.args:
+                attr = self_attribute(node.args[0])
+                if attr:
+                    found.add(attr)
+            elif node.func.attr in ("labels", "set", "set_by_current_observations", "set_raw"):
+                attr = self_attribute(node.func.value)
+                if attr:
+                    found.add(attr)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for function in functions:
+        for statement in function.body:
+            visit(statement)
+    return frozenset(found)
 
 
 def _http_specs(source: sglang_source.SglangSource) -> list[MetricSpec]:

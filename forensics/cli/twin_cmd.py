@@ -170,3 +170,30 @@ def down(inventory, as_json) -> None:
     if still:
         message += f"; still running: {', '.join(still)}"
     conclude(as_json, BAD if still else GOOD, data, lambda: _print(message), word="failed" if still else "down")
+
+
+@command.command()
+@click.option("--sglang", "version", default="0.5.15", show_default=True, help="sglang release of both sides")
+@click.option("--real-inventory", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="a running real-engine deployment's inventory ('twin up --engine sglang'); default: start one")
+@click.option("--real-capture", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="a stored capture of the real engine (JSON, e.g. tests/data/real-engine-0.5.15/capture.json)")
+@click.option("--twin-inventory", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="a running twin's inventory; default: start one")
+@click.option("--save-real", type=click.Path(dir_okay=False), default=None, help="write the real side's capture here")
+@click.option("--raw", "raw_dir", type=click.Path(file_okay=False), default=None,
+              help="keep each side's raw material (/metrics pages, answers, py-spy dumps) here")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def fidelity(version, real_inventory, real_capture, twin_inventory, save_real, raw_dir, as_json) -> None:
+    """Compare the twin with the real engine of the same release: logs, /metrics, endpoints,
+    processes, threads. Exit 0 no differences but the documented allowed ones, 1 differences,
+    3 a side could not be captured, 4 a side could not be started."""
+    from forensics.fidelity.check import check
+
+    if real_inventory and real_capture:
+        raise click.UsageError("give --real-inventory or --real-capture, not both")
+    report = check(version, real=real_capture or real_inventory, twin=twin_inventory, raw_dir=raw_dir,
+                   save_real=save_real)
+    status = report.exit_status
+    conclude(as_json, status, report.to_dict(), lambda: click.echo(report.text()),
+             word="faithful" if status == GOOD else "differences")

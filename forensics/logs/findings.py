@@ -252,7 +252,7 @@ def _find(cls: FindingClass, scan) -> Finding | None:
     rows = events.loc[mask, columns]
     extra = None
     if cls.derived == "health_access_errors":
-        extra = _health_access_errors(scan.access)
+        extra = _health_access_errors(scan.access, scan.events)
     count = len(rows) + (int(extra["count"].sum()) if extra is not None else 0)
     if count == 0:
         return None
@@ -271,12 +271,27 @@ def _find(cls: FindingClass, scan) -> Finding | None:
     return Finding(cls, count, evidence, first, last, detail)
 
 
-def _health_access_errors(access: pd.DataFrame) -> pd.DataFrame:
+def _health_access_errors(access: pd.DataFrame, events: pd.DataFrame | None = None) -> pd.DataFrame:
+    """/health* answered 5xx, except a source's answers up to the minute it logged ``server_ready``:
+    sglang answers 503 while it starts (a real 0.5.15 server: 15 of them before its warm-up ended),
+    and access lines are counted per minute, so the ready line's own minute counts as start-up."""
     if not len(access):
         return access
     paths = access["path"].astype("string")
     status = access["status"]
     failing = paths.str.startswith("/health").fillna(False) & (status >= 500).fillna(False)
+    if events is not None and len(events) and "source" in access.columns:
+        ready = events.loc[(events["signature"] == "server_ready").to_numpy(), ["source", "ts"]].dropna()
+        for source, times in ready.groupby("source")["ts"]:
+            minutes = access["minute"]
+            for stamp in times:
+                # the start-up before this ready line: since the previous ready line of the source (a restart)
+                earlier = times[times < stamp]
+                since = earlier.max().floor("min") if len(earlier) else None
+                starting = (access["source"] == source).fillna(False) & (minutes <= stamp.floor("min")).fillna(False)
+                if since is not None:
+                    starting &= (minutes > since).fillna(False)
+                failing &= ~starting.to_numpy()
     return access[failing.to_numpy()]
 
 

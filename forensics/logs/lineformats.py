@@ -32,6 +32,17 @@ LIBRARY_LINE = re.compile(rb"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)? \S+ +
 # line glog prints before it is initialized.
 GLOG_LINE = re.compile(rb"(?:[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\s\]]+:\d+\] "
                        rb"|WARNING: Logging before InitGoogleLogging\(\) is written to STDERR)")
+# Python's warnings module on stderr: "FILE.py:LINE: CategoryWarning: message", then the source line
+# indented by two spaces (a message's own further lines, "  Example: ...", are indented too) (real sglang 0.5.15 at start-up:
+# "sglang/srt/layers/quantization/awq/awq.py:52: UserWarning: Only CUDA, HIP and XPU support AWQ ...").
+PYTHON_WARNING = re.compile(rb"\S+\.py:\d+: [A-Za-z_]*Warning: ")
+WARNING_SOURCE = re.compile(rb"  \S")
+WARNING_MAX_LINES = 20  # indented lines a warning may span
+# tqdm's progress bar, redrawn with carriage returns (sglang's "Multi-thread loading shards:  50% Completed | 1/2 [...]")
+TQDM_LINE = re.compile(rb"\r?[^\r\n]{0,120}?\d+%[^\r\n]{0,40}\| *\d+/\d+ \[")
+# Text printed with ANSI colours (sglang's deprecation notices: "\x1b[1;33m'--disable-cuda-graph' is
+# deprecated ...\x1b[0m").
+ANSI_LINE = re.compile(rb"\x1b\[[\d;]*m")
 JOURNAL_META = re.compile(rb"-- (?:Boot [0-9a-f]+ --|No entries --|Logs begin at|Journal begins at|Reboot --)")
 RANK_PART = re.compile(rb"([A-Z_]+?)(\d+)")
 

@@ -23,14 +23,19 @@ import numpy as np
 from forensics.logs import batchlines, catalogue, classify_bulk, timestamps
 from forensics.logs.batchstore import MISSING, BatchStore
 from forensics.logs.lineformats import (
+    ANSI_LINE,
     GLOG_LINE,
     JOURNAL_ISO,
     JOURNAL_META,
     JOURNAL_PRECISE,
     LIBRARY_LINE,
     MONTH_PREFIXES,
+    PYTHON_WARNING,
     SGLANG_PREFIX,
+    TQDM_LINE,
     UVICORN_ACCESS,
+    WARNING_MAX_LINES,
+    WARNING_SOURCE,
     parse_ranks,
     split_line,
 )
@@ -878,14 +883,21 @@ class SourceScanner:
         position = 0
         line_no = self.line_base
         samples = self.result.unknown_samples
+        warning_lines = 0  # > 0: inside a Python warning, before its source line
         while position < len(data):
             end = data.find(b"\n", position)
             line_no += 1
             line = data[position:end].rstrip(b"\r")
-            if position not in consumed and not self._known_line(line):
-                self.result.lines_unknown += 1
-                if len(samples) < UNKNOWN_SAMPLES:
-                    samples.append((line_no, line[:200].decode("utf-8", "replace").replace("\x00", "\ufffd")))
+            if self.fmt == "plain" and PYTHON_WARNING.match(line):
+                warning_lines = WARNING_MAX_LINES
+            elif warning_lines and WARNING_SOURCE.match(line):
+                warning_lines -= 1  # the warning's indented message lines and its source line
+            else:
+                warning_lines = 0
+                if position not in consumed and not self._known_line(line):
+                    self.result.lines_unknown += 1
+                    if len(samples) < UNKNOWN_SAMPLES:
+                        samples.append((line_no, line[:200].decode("utf-8", "replace").replace("\x00", "\ufffd")))
             position = end + 1
 
     def _known_line(self, line: bytes) -> bool:
@@ -893,7 +905,7 @@ class SourceScanner:
             return True
         if self.fmt == "plain":
             return bool(SGLANG_PREFIX.match(line) or UVICORN_ACCESS.match(line) or LIBRARY_LINE.match(line)
-                        or GLOG_LINE.match(line))
+                        or GLOG_LINE.match(line) or ANSI_LINE.match(line) or TQDM_LINE.match(line))
         if JOURNAL_META.match(line):
             return True
         return split_line(line, self.fmt) is not None

@@ -145,11 +145,13 @@ class _Return(Exception):
 class _Follower:
     """Follows one function's string building for one role, as a plain PD engine runs it."""
 
-    def __init__(self, index: _SourceIndex, role: str, forward_iters: bool, module: ast.Module):
+    def __init__(self, index: _SourceIndex, role: str, forward_iters: bool, module: ast.Module,
+                 device: str = DEVICE):
         self.index = index
         self.role = role
         self.forward_iters = forward_iters
         self.module = module
+        self.device = device
         self.logged: list[tuple] = []
 
     # -- statements
@@ -298,6 +300,13 @@ class _Follower:
                 return value.value
             if (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "get"
                     and len(value.args) == 2 and isinstance(value.args[1], ast.Constant)):
+                # {"cpu": "cpu graph", ...}.get(device, "cuda graph"): this engine's device's entry
+                table = value.func.value
+                if isinstance(table, ast.Dict):
+                    for key, entry in zip(table.keys, table.values, strict=True):
+                        if (isinstance(key, ast.Constant) and key.value == self.device
+                                and isinstance(entry, ast.Constant) and isinstance(entry.value, str)):
+                            return entry.value
                 return str(value.args[1].value)
         return None
 
@@ -317,7 +326,7 @@ class _Follower:
             return is_none if isinstance(node.ops[0], ast.Is) else not is_none
         if (isinstance(node, ast.Compare) and len(node.ops) == 1 and ast.unparse(node.left).endswith("device")
                 and isinstance(node.comparators[0], ast.Constant) and isinstance(node.ops[0], ast.Eq | ast.NotEq)):
-            same = node.comparators[0].value == DEVICE
+            same = node.comparators[0].value == self.device
             return same if isinstance(node.ops[0], ast.Eq) else not same
         if isinstance(node, ast.Compare) and "disaggregation_mode" in text:
             mode = ROLE_MODES[self.role]
@@ -372,8 +381,9 @@ def _index(version: str) -> _SourceIndex:
 
 
 @cache
-def batch_template(version: str, role: str, forward_iters: bool = False) -> BatchTemplate:
-    """The ``Prefill batch`` (role "prefill") or ``Decode batch`` (role "decode") line of ``version``."""
+def batch_template(version: str, role: str, forward_iters: bool = False, device: str = DEVICE) -> BatchTemplate:
+    """The ``Prefill batch`` (role "prefill") or ``Decode batch`` (role "decode") line of ``version``
+    on ``device`` ("cuda": a GPU's "cuda graph: ..."; "cpu": "cpu graph: ...", as real sglang on a CPU)."""
     index = _index(version)
     header = HEADERS[role]
     for relative, tree in index.modules.items():
@@ -383,7 +393,7 @@ def batch_template(version: str, role: str, forward_iters: bool = False) -> Batc
             if not any(isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith(header)
                        for n in ast.walk(func)):
                 continue
-            follower = _Follower(index, role, forward_iters, tree)
+            follower = _Follower(index, role, forward_iters, tree, device)
             follower.run(func)
             for message in follower.logged:
                 if message and isinstance(message[0], str) and message[0].startswith(header):
@@ -391,21 +401,22 @@ def batch_template(version: str, role: str, forward_iters: bool = False) -> Batc
     raise FormatSourceError(f"sglang {version}: no function under {', '.join(SEARCH_DIRS)} logs a {header!r} line")
 
 
-def batch_line(version: str, role: str, values: dict[str, object], *, iteration: int | None = None) -> str:
+def batch_line(version: str, role: str, values: dict[str, object], *, iteration: int | None = None,
+               device: str = DEVICE) -> str:
     """One ``Prefill batch`` / ``Decode batch`` message of ``version``; ``values`` by column name
     (``new_seq``, ``token_usage``, ``bootstrap_req``, ``cuda_graph`` ...); a field without a value
     prints 0. ``iteration`` prints ``[N]`` where the release does (0.5.4 always; from 0.5.4.post1
     only with ``SGLANG_LOG_FORWARD_ITERS``, which asking for an iteration means here)."""
-    template = batch_template(version, role, forward_iters=iteration is not None)
+    template = batch_template(version, role, forward_iters=iteration is not None, device=device)
     return template.render(values, iteration)
 
 
-def prefill_batch_line(version: str, *, iteration: int | None = None, **values) -> str:
-    return batch_line(version, "prefill", values, iteration=iteration)
+def prefill_batch_line(version: str, *, iteration: int | None = None, device: str = DEVICE, **values) -> str:
+    return batch_line(version, "prefill", values, iteration=iteration, device=device)
 
 
-def decode_batch_line(version: str, *, iteration: int | None = None, **values) -> str:
-    return batch_line(version, "decode", values, iteration=iteration)
+def decode_batch_line(version: str, *, iteration: int | None = None, device: str = DEVICE, **values) -> str:
+    return batch_line(version, "decode", values, iteration=iteration, device=device)
 
 
 # ----------------------------------------------------------------------------- the prefix

@@ -108,8 +108,6 @@ class DecodeScheduler:
 
     def submit(self, req: wire.GenerationRequest) -> DecodeRequest:
         item = DecodeRequest(req=req, events=asyncio.Queue())
-        self.metrics.num_requests.inc()
-        self.metrics.prompt_tokens.inc(req.prompt_tokens)
         if req.is_health_probe:
             item.stage = "running"  # FakeKVReceiver: no bootstrap, no KV
             self.running.append(item)
@@ -270,6 +268,7 @@ class DecodeScheduler:
             item.stage = "transfer"
             self.transfer_queue.append(item)
             self.metrics.observe_stage("decode_prepare", time.monotonic() - item.entered)
+            self.metrics.observe_bootstrap(time.monotonic() - item.entered)
         self.prealloc_queue = keep
 
     def _state(self, item: DecodeRequest) -> int:
@@ -346,6 +345,7 @@ class DecodeScheduler:
                 self._release(item)
                 item.stage = "running"
                 self.running.append(item)
+                self.metrics.queue_time.observe(0.0)  # straight to running: the twin's decode has no waiting queue
                 control_path = time.monotonic() - item.entered
                 self.metrics.observe_stage("decode_transferred", control_path)
                 self.recent_control_path_ms.append(round(control_path * 1000, 3))
@@ -384,6 +384,8 @@ class DecodeScheduler:
             self.tokens_since_log += 1
             if item.generated >= item.req.max_new_tokens:
                 finished.append(item)
+        if self.running:
+            self.metrics.observe_forward("decode", len(self.running))
         for item in finished:
             self.running.remove(item)
             self._finish(item)
@@ -402,6 +404,7 @@ class DecodeScheduler:
             self.metrics.decode_prealloc_queue.set(len(self.prealloc_queue))
             self.metrics.decode_transfer_queue.set(len(self.transfer_queue))
             self.metrics.gen_throughput.set(throughput)
+            self.metrics.write_stats()
 
     def _finish(self, item: DecodeRequest, *, error: str | None = None) -> None:
         item.stage = "done"
@@ -409,8 +412,9 @@ class DecodeScheduler:
             item.events.put_nowait(("error", error))
             return
         self.counters["finished"] += 1
-        self.metrics.generation_tokens.inc(item.generated)
-        self.metrics.e2e_latency.observe(time.monotonic() - item.entered)
+        if not item.req.is_health_probe:
+            self.metrics.observe_finished(prompt_tokens=item.req.prompt_tokens, generation_tokens=item.generated,
+                                          e2e_s=time.monotonic() - item.entered)
         item.events.put_nowait(("done", item.meta))
 
 
@@ -462,6 +466,7 @@ class DecodeServer(httpserver.EngineEndpoints):
                                     server_socket=self.listened)
         # --- end backend dispatch ---
         self.metrics = TwinMetrics(version, "decode")
+        self.metrics.start_cpu_monitor()
         self.scheduler = DecodeScheduler(settings, self.rd, self.metrics, version)
         self.rd.start_threads()  # the release's own heartbeat (and, 0.5.20+, listener) threads
         self.started = time.time()
@@ -617,7 +622,8 @@ def main() -> None:
     inv, settings = httpserver.process_setup("decode", "sglang::scheduler")
     server = DecodeServer(settings, settings.release_of("decode")[0] if settings.decode_sglang
                           else inv.sglang or settings.sglang)
-    httpserver.serve(server.app, settings.host, settings.decode_port, on_start=server.start, on_stop=server.stop)
+    httpserver.serve(server.app, settings.host, settings.decode_port, on_start=server.start, on_stop=server.stop,
+                     access_log=True)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,10 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 
 from forensics.twin import endpoints, logformat
 from forensics.twin import inventory as inventory_mod
@@ -136,7 +138,8 @@ def process_setup(role: str, title: str) -> tuple[inventory_mod.Inventory, TwinS
         setproctitle(title)
     except ImportError:  # pragma: no cover - the twin extra installs it
         pass
-    logformat.configure(level=settings.log_level, version=inv.sglang or settings.sglang)
+    logformat.configure(level=settings.log_level, version=inv.sglang or settings.sglang,
+                        disaggregation_debug=settings.disaggregation_debug)
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
     return inv, settings
@@ -186,6 +189,22 @@ async def start_site(runner: web.AppRunner, host: str, port: int, *, backlog: in
         await web.TCPSite(runner, host, port, reuse_address=True, backlog=backlog).start()
 
 
+class UvicornAccessLogger(AbstractAccessLogger):
+    """One line per request as sglang's uvicorn writes it under its own ``[time]`` prefix:
+    ``INFO:     127.0.0.1:52262 - "GET /health HTTP/1.1" 200 OK`` (readers count these: /health 5xx)."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        client = f"{peer[0]}:{peer[1]}" if peer else "-"
+        version = f"{request.version.major}.{request.version.minor}"
+        try:
+            phrase = HTTPStatus(response.status).phrase
+        except ValueError:
+            phrase = ""
+        self.logger.info(f'INFO:     {client} - "{request.method} {request.path_qs} HTTP/{version}" '
+                         f"{response.status} {phrase}".rstrip())
+
+
 def serve(
     app: web.Application,
     host: str,
@@ -193,11 +212,18 @@ def serve(
     *,
     on_start: Callable[[], Awaitable[None]] | None = None,
     on_stop: Callable[[], None] | None = None,
+    access_log: bool = False,
 ) -> None:
-    """Run ``app`` until SIGTERM/SIGINT, then ``on_stop`` and leave at once."""
+    """Run ``app`` until SIGTERM/SIGINT, then ``on_stop`` and leave at once.
+
+    ``access_log``: write uvicorn's access line for every request, as an sglang server does."""
 
     async def main() -> None:
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        if access_log:
+            runner = web.AppRunner(app, handler_cancellation=True, access_log_class=UvicornAccessLogger,
+                                   access_log=logging.getLogger("uvicorn.access"))
+        else:
+            runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
         await start_site(runner, host, port, backlog=2048)
         if on_start is not None:
@@ -206,7 +232,7 @@ def serve(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        log.info(f"The server is fired up and ready to roll! (port {port})")
+        log.info("The server is fired up and ready to roll!")  # entrypoints/http_server.py, as 0.5.x writes it
         await stop.wait()
 
     started = time.time()

@@ -18,6 +18,9 @@ from forensics.logs import sglang_format
 # Loggers whose DEBUG lines the twin keeps (the ABORT send line is DEBUG in sglang).
 DEBUG_LOGGERS = ("sglang.srt.disaggregation",)
 DEFAULT_VERSION = "0.5.15"  # a process started without a release (tests of the logging alone)
+# The twin runs on a CPU, as real sglang does here: its batch lines say "cpu graph: False" where the
+# release labels the graph backend by device (0.5.15's metrics reporter), "cuda graph" where it does not.
+DEVICE = "cpu"
 
 
 class _PrefixFilter(logging.Filter):
@@ -86,11 +89,12 @@ def prefill_batch_line(
     cached_token: int = 0,
     pending_token: int = 0,
 ) -> str:
-    """A prefill server's ``Prefill batch`` line in ``version``'s format (a CPU twin: no CUDA graph)."""
+    """A prefill server's ``Prefill batch`` line in ``version``'s format (a CPU engine: no graph)."""
     return sglang_format.prefill_batch_line(
         version, new_seq=new_seq, new_token=new_token, token_usage=token_usage, running_req=running_req,
         queue_req=queue_req, bootstrap_req=bootstrap_req, inflight_req=inflight_req,
-        input_throughput=input_throughput, cached_token=cached_token, pending_token=pending_token, cuda_graph=False)
+        input_throughput=input_throughput, cached_token=cached_token, pending_token=pending_token, cuda_graph=False,
+        device=DEVICE)
 
 
 def decode_batch_line(
@@ -110,4 +114,5 @@ def decode_batch_line(
     return sglang_format.decode_batch_line(
         version, running_req=running_req, token=num_tokens, token_usage=token_usage,
         pre_allocated_usage=preallocated_usage, prealloc_req=prealloc_req, transfer_req=transfer_req,
-        gen_throughput=gen_throughput, queue_req=queue_req, retracted_req=retracted_req, cuda_graph=False)
+        gen_throughput=gen_throughput, queue_req=queue_req, retracted_req=retracted_req, cuda_graph=False,
+        device=DEVICE)

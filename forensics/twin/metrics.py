@@ -8,12 +8,15 @@ collectors and of the HTTP middleware. Declarations under an ``if`` (LoRA, HiCac
 streaming sessions, token histograms, ...) are left out, as a default engine leaves them
 out; exporting them would be as wrong as a hand table.
 
-Families the twin has nothing honest to put in (grammar, speculative decoding, cache hit
-rate, ...) are still exported, at prometheus_client's zero value: a real engine of the
-release shows them too, and a reader's "is this metric in this release?" must get the
-release's answer. Families whose labels are all the collector's labels get their one
-child at start (zero); families with a per-observation label (``stage``, ``mode``,
-``endpoint``...) show samples only once the twin observes one, as in prometheus_client.
+sglang runs prometheus_client in multiprocess mode, and the page is what its
+``MultiProcessCollector`` makes of the processes' value files; the twin's page is made the same
+way (:func:`multiprocess_view`, checked against real 0.5.15 pages by ``forensics twin
+fidelity``): no ``_created`` series, no family before its first child exists, and a ``pid``
+label on gauges in multiprocess mode ``all`` (the Gauge default). So the scheduler's gauges,
+which sglang's ``log_stats`` writes on every stats tick (zeros for what the twin has nothing
+honest to put in: speculative decoding, cache hit rate, ...), show from the first tick; a
+counter or histogram shows from its first write (``num_aborted_requests`` only after an abort,
+grammar and retraction families never on a default PD run), as on a real engine.
 
 Each twin server owns one registry. Gauges are written only where sglang writes them
 (after a batch, on the 30 s idle tick of a fully idle scheduler), counters where sglang
@@ -23,7 +26,12 @@ engine's during a wedge.
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, generate_latest
+from prometheus_client.samples import Sample
 
 from forensics.sglang_metrics import MetricSpec, ReleaseMetrics, release_metrics
 
@@ -57,6 +65,60 @@ class _Absent:
 
 
 ABSENT = _Absent()
+# sglang/srt/observability/cpu_monitor.py (0.5.15): a Counter outside the collectors, one child per
+# component, incremented every 5 s by a "monitor" thread of the tokenizer manager and the detokenizer.
+CPU_MONITOR_FILE = "sglang/srt/observability/cpu_monitor.py"
+CPU_COUNTER = "sglang:process_cpu_seconds_total"
+CPU_MONITOR_INTERVAL_S = 5.0
+# Gauge multiprocess modes whose samples carry the writing process's pid (prometheus_client).
+PID_MODES = ("all", "liveall")
+
+
+class _LazyChild:
+    """``family.labels(**labels)``, made on the first write."""
+
+    def __init__(self, family, labels: dict[str, str]) -> None:
+        self._family, self._labels, self._child = family, labels, None
+
+    def _get(self):
+        if self._child is None:
+            self._child = self._family.labels(**self._labels)
+        return self._child
+
+    def inc(self, amount: float = 1) -> None:
+        self._get().inc(amount)
+
+    def dec(self, amount: float = 1) -> None:
+        self._get().dec(amount)
+
+    def set(self, value: float) -> None:
+        self._get().set(value)
+
+    def observe(self, value: float) -> None:
+        self._get().observe(value)
+
+    def __getattr__(self, name: str):  # anything else prometheus_client's child offers (_value, ...)
+        return getattr(self._get(), name)
+
+
+class MultiprocessView:
+    """A registry's families as ``MultiProcessCollector`` shows them (what sglang's /metrics is):
+    ``_created`` samples dropped, families without samples dropped, ``pid`` on ``all``-mode gauges."""
+
+    def __init__(self, registry: CollectorRegistry, pid_gauges: set[str]) -> None:
+        self.registry = registry
+        self.pid_gauges = pid_gauges
+        self.pid = str(os.getpid())
+
+    def collect(self):
+        for family in self.registry.collect():
+            samples = [s for s in family.samples if not s.name.endswith("_created")]
+            if family.name in self.pid_gauges:
+                samples = [Sample(s.name, {**s.labels, "pid": self.pid}, s.value, s.timestamp, s.exemplar)
+                           for s in samples]
+            if samples:
+                family.samples = samples
+                yield family
 
 
 class TwinMetrics:
@@ -77,6 +139,15 @@ class TwinMetrics:
         for spec in self.release.registered():
             self.specs[spec.name] = spec
             self.families[spec.name] = self._register(spec)
+        self._view = MultiprocessView(self.registry, {
+            s.name for s in self.specs.values() if s.kind == "gauge" and s.multiprocess_mode in PID_MODES})
+        self._gauge_histograms = [s for s in self.specs.values() if s.bucket_bounds and s.collector == "scheduler"]
+        self.cpu_seconds = self._cpu_counter()
+        self.realtime_tokens = self._family("sglang:realtime_tokens_total")
+        self.cuda_graph_passes = self._family("sglang:cuda_graph_passes_total")
+        self._forward_labels = self._bound(self.release.find("sglang:realtime_tokens_total")) if (
+            self.realtime_tokens) else {}
+        self.write_stats()  # the first stats tick (a real engine's PD warm-up request makes one)
 
         self.num_running_reqs = self._child("sglang:num_running_reqs")
         self.num_queue_reqs = self._child("sglang:num_queue_reqs")
@@ -102,6 +173,11 @@ class TwinMetrics:
         self.prompt_tokens = self._child("sglang:prompt_tokens_total")
         self.generation_tokens = self._child("sglang:generation_tokens_total")
         self.e2e_latency = self._child("sglang:e2e_request_latency_seconds")
+        self.prompt_tokens_histogram = self._child("sglang:prompt_tokens_histogram")
+        self.uncached_prompt_tokens_histogram = self._child("sglang:uncached_prompt_tokens_histogram")
+        self.generation_tokens_histogram = self._child("sglang:generation_tokens_histogram")
+        self.queue_time = self._child("sglang:queue_time_seconds")
+        self.kv_transfer_alloc_ms = self._child("sglang:kv_transfer_alloc_ms")
         self.ttft = self._child("sglang:time_to_first_token_seconds")
         # HTTP middleware (in the source from 0.5.7; the active gauge from 0.5.10). None when the
         # release has no middleware metrics, so the twin's middleware skips counting altogether.
@@ -119,9 +195,53 @@ class TwinMetrics:
             # twin keeps prometheus_client's defaults: the family, type and labels still match.
             kwargs["buckets"] = spec.buckets
         metric = CLASSES[spec.kind](spec.name, spec.documentation, spec.labelnames, **kwargs)
-        if spec.labelnames and set(spec.labelnames) <= set(self._values):
-            metric.labels(**self._bound(spec))  # the one child a single-rank engine writes: exported at 0
+        ticked = self.release.tick_written is None or spec.attribute in self.release.tick_written
+        if (spec.kind == "gauge" and spec.collector == "scheduler" and ticked
+                and set(spec.labelnames) <= set(self._values)):
+            # log_stats writes every scheduler gauge on its first tick (the PD warm-up's): the one
+            # child a single-rank engine has, at 0 until the twin writes it. Counters and
+            # histograms get theirs on their first write, as in multiprocess mode.
+            metric.labels(**self._bound(spec))
         return metric
+
+    def _cpu_counter(self):
+        """``process_cpu_seconds_total`` where the release has sglang's cpu monitor (read from its source)."""
+        from forensics.sglang_source import SourceError, fetch
+
+        try:
+            declared = f'"{CPU_COUNTER}"' in fetch(self.version).read(CPU_MONITOR_FILE)
+        except SourceError:  # a release without the monitor (before 0.5.15)
+            declared = False
+        if not declared:
+            return ABSENT
+        return Counter(CPU_COUNTER, "Total CPU time consumed by this process (user + system)", ["component"],
+                       registry=self.registry)
+
+    def start_cpu_monitor(self, components: tuple[str, ...] = ("tokenizer", "detokenizer")) -> None:
+        """sglang's monitor: every 5 s, the process's CPU time since the last tick, per component.
+
+        The twin serves HTTP, tokenizes, schedules and detokenizes in one process: its CPU time is
+        the tokenizer's figure; the detokenizer's child exists (as on the real page) and stays at
+        the 0 the twin's absent detokenizer process spends.
+        """
+        if not self.cpu_seconds:
+            return
+        import psutil
+
+        for component in components:
+            self.cpu_seconds.labels(component=component)
+
+        def monitor() -> None:
+            process = psutil.Process()
+            last = process.cpu_times()
+            while True:
+                time.sleep(CPU_MONITOR_INTERVAL_S)
+                now = process.cpu_times()
+                self.cpu_seconds.labels(component=components[0]).inc(
+                    (now.user - last.user) + (now.system - last.system))
+                last = now
+
+        threading.Thread(target=monitor, daemon=True).start()  # unnamed, as sglang's: "Thread-N (monitor)"
 
     def _bound(self, spec: MetricSpec) -> dict[str, str]:
         return {name: self._values[name] for name in spec.labelnames if name in self._values}
@@ -131,18 +251,61 @@ class TwinMetrics:
         return self.families[spec.name] if spec else ABSENT
 
     def _child(self, *names: str):
-        """The release's metric by any of its names, bound to this engine's labels; ABSENT if undeclared."""
+        """The release's metric by any of its names, bound to this engine's labels; ABSENT if undeclared.
+
+        The child is made on its first write (:class:`_LazyChild`): in multiprocess mode a family
+        with labels shows only once written, so binding it here must not make it show."""
         spec = self.release.find(*names)
         if spec is None:
             return ABSENT
         family = self.families[spec.name]
-        return family.labels(**self._bound(spec)) if spec.labelnames else family
+        return _LazyChild(family, self._bound(spec)) if spec.labelnames else family
 
     def kind(self, *names: str) -> str | None:
         spec = self.release.find(*names)
         return spec.kind if spec else None
 
     # ------------------------------------------------------------------ writing
+
+    def observe_forward(self, mode: str, tokens: int) -> None:
+        """One forward pass of ``mode`` ("prefill" or "decode") over ``tokens`` new tokens, as the
+        scheduler's metrics reporter counts it: a CUDA-graph pass counter (``<mode>_none`` here, no
+        graph on a CPU) and the realtime token counter (``prefill_compute`` / ``decode``)."""
+        if self.cuda_graph_passes:
+            self.cuda_graph_passes.labels(**self._forward_labels, mode=f"{mode}_none").inc(1)
+        if self.realtime_tokens and tokens:
+            kind = "prefill_compute" if mode == "prefill" else "decode"
+            self.realtime_tokens.labels(**self._forward_labels, mode=kind).inc(tokens)
+
+    def write_stats(self) -> None:
+        """The part of ``log_stats`` the twin has no value for but sglang writes every tick: the
+        routing-key gauge histograms (no routing keys: every (gt, le] bucket at 0)."""
+        for spec in self._gauge_histograms:
+            bounds = [0.0, *spec.bucket_bounds]
+            family = self.families[spec.name]
+            for gt, le in zip(bounds, [*spec.bucket_bounds, float("inf")], strict=True):
+                family.labels(**self._bound(spec), gt=_bucket_text(gt), le=_bucket_text(le)).set(0)
+
+    def observe_bootstrap(self, bootstrap_s: float) -> None:
+        """``observe_kv_transfer_bootstrap`` on the decode: the handshake's time and the allocation's (0 ms)."""
+        for name, child, value in (("sglang:kv_transfer_bootstrap_ms", self.kv_transfer_bootstrap_ms, bootstrap_s * 1000),
+                                   ("sglang:kv_transfer_alloc_ms", self.kv_transfer_alloc_ms, 0.0)):
+            kind = self.kind(name)
+            if kind == "gauge":
+                child.set(value)
+            elif kind in ("histogram", "summary"):
+                child.observe(value)
+
+    def observe_finished(self, *, prompt_tokens: int, generation_tokens: int, e2e_s: float,
+                         cached_tokens: int = 0) -> None:
+        """``observe_one_finished_request``: what the tokenizer manager records when a request ends."""
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(generation_tokens)
+        self.num_requests.inc()
+        self.e2e_latency.observe(e2e_s)
+        self.prompt_tokens_histogram.observe(prompt_tokens)
+        self.uncached_prompt_tokens_histogram.observe(prompt_tokens - cached_tokens)
+        self.generation_tokens_histogram.observe(generation_tokens)
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         if self.per_stage is not ABSENT:
@@ -157,6 +320,9 @@ class TwinMetrics:
                   ("sglang:kv_transfer_total_mb", self.kv_transfer_total_mb, nbytes / 1e6)]
         if bootstrap_s is not None:
             values.append(("sglang:kv_transfer_bootstrap_ms", self.kv_transfer_bootstrap_ms, bootstrap_s * 1000))
+            # observe_kv_transfer_bootstrap observes the allocation wait with it; the twin's pages
+            # are allocated at once: 0 ms.
+            values.append(("sglang:kv_transfer_alloc_ms", self.kv_transfer_alloc_ms, 0.0))
         for name, child, value in values:
             kind = self.kind(name)
             if kind == "gauge":
@@ -165,4 +331,11 @@ class TwinMetrics:
                 child.observe(value)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._view)
+
+
+def _bucket_text(bound: float) -> str:
+    """A GaugeHistogram bucket label as sglang writes it: ``1``, ``200``, ``+Inf``."""
+    if bound == float("inf"):
+        return "+Inf"
+    return str(int(bound)) if bound == int(bound) else str(bound)

@@ -304,6 +304,7 @@ class PrefillScheduler:
             if not self._allocate(self.waiting_queue[0]):
                 break  # no free KV slots: the rest waits for transfers to finish, as sglang's allocator
             item = self.waiting_queue.pop(0)
+            self.metrics.queue_time.observe(time.monotonic() - (item.bootstrapped_at or item.entered))
             tokens += item.req.prompt_tokens
             batch.append(item)
         probes, self.health_probes = (self.health_probes, []) if not batch else ([], self.health_probes)
@@ -324,6 +325,7 @@ class PrefillScheduler:
             running_req=0, queue_req=len(self.waiting_queue), bootstrap_req=len(self.bootstrap_queue),
             inflight_req=len(self.inflight_queue), input_throughput=self.last_input_throughput,
         ))
+        self.metrics.observe_forward("prefill", new_tokens)
         self._report_stats()
         for item in probes:
             self._finish(item, meta={"health": True})
@@ -335,6 +337,7 @@ class PrefillScheduler:
         self.metrics.prefill_inflight_queue.set(len(self.inflight_queue))
         self.metrics.num_queue_reqs.set(len(self.waiting_queue))
         self.metrics.num_running_reqs.set(0)
+        self.metrics.write_stats()
 
     def _maybe_idle_metrics(self) -> None:
         fully_idle = not (self.bootstrap_queue or self.waiting_queue or self.inflight_queue)
@@ -515,6 +518,7 @@ class PrefillServer(httpserver.EngineEndpoints):
         self.loop = PrefillLoop(self.release, backend=settings.backend, host=settings.host, capture_logs=False,
                                 kv=kv, transfer_workers=True, mooncake_engine=engine)
         self.metrics = TwinMetrics(version, "prefill")
+        self.metrics.start_cpu_monitor()
         self.scheduler = PrefillScheduler(settings, self.loop, self.metrics, version)
         self.bootstrap = BootstrapServer(self.release, settings.backend, settings.host, settings.bootstrap_port)
         # As the release's KV manager __init__ does, at once (no executor thread left behind).
@@ -533,9 +537,12 @@ class PrefillServer(httpserver.EngineEndpoints):
             return web.json_response({"error": {"message": str(exc)}}, status=400)
         if req.bootstrap_room is None:
             return web.json_response({"error": {"message": "PD prefill needs bootstrap_room"}}, status=400)
-        self.metrics.num_requests.inc()
-        self.metrics.prompt_tokens.inc(req.prompt_tokens)
         item = self.scheduler.submit(req)
+        done = item.done
+        # observe_one_finished_request: the prefill's tokenizer manager sees one output token per request
+        done.add_done_callback(lambda f: None if f.cancelled() or "error" in (f.result() or {}) else
+                               self.metrics.observe_finished(prompt_tokens=req.prompt_tokens, generation_tokens=1,
+                                                             e2e_s=time.monotonic() - item.entered))
         if not req.stream:
             try:
                 result = await asyncio.shield(item.done)
@@ -632,7 +639,8 @@ class PrefillServer(httpserver.EngineEndpoints):
 def main() -> None:
     inv, settings = httpserver.process_setup("prefill", "sglang::scheduler")
     server = PrefillServer(settings, inv.sglang or settings.sglang)
-    httpserver.serve(server.app, settings.host, settings.prefill_port, on_start=server.start, on_stop=server.stop)
+    httpserver.serve(server.app, settings.host, settings.prefill_port, on_start=server.start, on_stop=server.stop,
+                     access_log=True)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,10 @@ class TwinSettings:
     max_prefill_tokens: int = 16384  # tokens per prefill batch
     health_timeout_s: float = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
     log_level: str = "info"
+    # sglang.srt.disaggregation's DEBUG lines (the decode's "Sent abort notification ...", which the
+    # storm counts); a real engine at its default level writes none of them (the fidelity check runs
+    # the twin with this off).
+    disaggregation_debug: bool = True
     created_directory: bool = False  # the twin made ``directory`` itself: ``twin down`` removes it
     # What runs: "twin" (this project's processes around sglang's bootstrap loop) or "sglang" (the
     # real engine, forensics.engine.deployment). The real engine's own environment (a clone in the
