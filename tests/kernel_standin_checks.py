@@ -178,7 +178,14 @@ def _():
     assert not hasattr(sgl_kernel, "__wrapped__")  # Python's own probes still get AttributeError
     # What sglang's utils/common.py:306 reads to turn the AMX paths on: it must stay off.
     assert not hasattr(torch.ops.sgl_kernel, "convert_weight_packed")
-    assert sorted(sgl_kernel.__all__) == ["assign_req_to_token_pool_cpu", "copy_all_layer_kv_cache_cpu"]
+    assert sgl_kernel.PROVIDED == ("assign_req_to_token_pool_cpu", "copy_all_layer_kv_cache_cpu")
+    for name in sgl_kernel.IMPORT_ONLY:  # speculative decoding: imports, refuses to run
+        try:
+            getattr(sgl_kernel, name)(torch.zeros(1))
+        except NotImplementedError as error:
+            assert name in str(error) and "speculative" in str(error), str(error)
+        else:
+            raise AssertionError(f"{name} ran")
 
 
 @check("sglang's own callers (0.5.16 allocation.py:631, cache_move.py:96) run on the stand-in")

@@ -24,6 +24,7 @@ from forensics.engine import environment, launch, model
 
 RELEASE = "0.5.16"
 PROMPT_WORDS = 3000
+READY_S = 900  # launch's 300 s default is not enough with other sessions' engines on 2 cores
 
 
 def post(url: str, body: dict, timeout: float = 300) -> dict:
@@ -76,11 +77,11 @@ def test_an_abort_leaves_bootstrap_thread_alive_and_the_next_request_answers(tmp
     processes = [prefill, decode]
     figures = {}
     try:
-        prefill.wait_ready()
-        decode.wait_ready()
+        prefill.wait_ready(timeout=READY_S)
+        decode.wait_ready(timeout=READY_S)
         router = launch.start_router(env, prefill.url, bootstrap_port, decode.url, router_port, tmp_path / "router.log")
         processes.append(router)
-        router.wait_ready()
+        router.wait_ready(timeout=READY_S)
         scheduler = scheduler_pid(prefill)
         assert "bootstrap_thread" in thread_names(env, scheduler)
         short = {"text": model.prompt_words(16), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}

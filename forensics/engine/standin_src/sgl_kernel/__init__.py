@@ -6,10 +6,17 @@ CUDA-only; from 0.5.16 sglang's CPU path imports two of its CPU ops at module le
 (``srt/mem_cache/allocation.py:46``, ``kernels/ops/kvcache/cache_move.py:10``) and calls the
 first on every batch (``allocation.py:640``). Each op here follows the contract of sgl-kernel's
 own CPU kernel (``sgl-kernel/csrc/cpu``: the same arguments, checks and result); its tests are
-``tests/test_engine_kernel_standin.py``. Anything else is not provided: ``from sgl_kernel import
-X`` and ``import sgl_kernel.X`` raise ImportError naming this stand-in, so sglang's own
-``try/except ImportError`` fallbacks behave as without sgl-kernel. No ``torch.ops.sgl_kernel``
-op is registered, so ``cpu_has_amx_support()`` stays False and sglang keeps its torch paths.
+``tests/test_engine_kernel_standin.py``.
+
+The scheduler's import chain also imports five speculative-decoding (EAGLE) ops at module level
+(``srt/speculative/eagle_utils.py:52-55``, ``srt/speculative/spec_utils.py:84``,
+``kernels/ops/speculative/eagle.py:10``). They are called only with ``--speculative-algorithm``,
+which these engines never run: they import, and a call raises NotImplementedError naming the op.
+
+Anything else is not provided: ``from sgl_kernel import X`` and ``import sgl_kernel.X`` raise
+ImportError naming this stand-in, so sglang's own ``try/except ImportError`` fallbacks (GPTQ's
+``gptq_gemm``, say) behave as without sgl-kernel. No ``torch.ops.sgl_kernel`` op is registered,
+so ``cpu_has_amx_support()`` stays False and sglang keeps its torch paths.
 """
 
 from __future__ import annotations
@@ -21,14 +28,18 @@ import sys
 import torch
 
 PROVIDED = ("assign_req_to_token_pool_cpu", "copy_all_layer_kv_cache_cpu")
-__all__ = list(PROVIDED)
+# Imported at module level on the CPU path, called only by speculative decoding (never run here).
+IMPORT_ONLY = ("assign_extend_cache_locs_cpu", "build_tree_kernel_efficient_cpu", "fill_accept_out_cache_loc_cpu",
+               "fill_bonus_tokens_cpu", "verify_tree_greedy_cpu")
+__all__ = [*PROVIDED, *IMPORT_ONLY]
 
 _INDEX_TYPES = (torch.int32, torch.int64)
 
 
 def _not_provided(name: str) -> str:
     return (f"sgl_kernel.{name} is not provided: this sgl_kernel is pd-forensics' torch stand-in for a CPU "
-            f"without sgl-kernel, holding only {', '.join(PROVIDED)} (sglang's CPU path); the rest needs a real "
+            f"without sgl-kernel, holding only {', '.join(PROVIDED)} (sglang's CPU path) and the import-only "
+            f"{', '.join(IMPORT_ONLY)}; the rest needs a real "
             "sgl-kernel build")
 
 
@@ -36,6 +47,21 @@ def __getattr__(name: str):
     if name.startswith("__"):  # Python's own probes (hasattr(module, "__path__") and the like)
         raise AttributeError(name)
     raise ImportError(_not_provided(name), name=f"sgl_kernel.{name}")
+
+
+def _import_only(name: str):
+    def not_implemented(*args, **kwargs):
+        raise NotImplementedError(
+            f"sgl_kernel.{name} is a speculative-decoding op that pd-forensics' torch stand-in only lets sglang "
+            "import (its CPU path imports it at module level); speculative decoding needs a real sgl-kernel build")
+
+    not_implemented.__name__ = not_implemented.__qualname__ = name
+    return not_implemented
+
+
+for _name in IMPORT_ONLY:
+    globals()[_name] = _import_only(_name)
+del _name
 
 
 class _NoSubmodules(importlib.abc.MetaPathFinder):
