@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forensics.cache import cache_dir
-from forensics.engine import adaptations, pins
+from forensics.engine import adaptations, kernel_standin, pins
 from forensics.exitcodes import EnvironmentProblem
 from forensics.progress import Progress, step_reporter
 
@@ -106,7 +106,8 @@ def _write_state(root: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
-STEPS = ("venv", "torch", "dependencies", "sglang", "engine extras", "adaptations", "imports")
+# "kernel stand-in" does something only for the releases that need it (pins.KERNEL_STANDIN_RELEASES).
+STEPS = ("venv", "torch", "dependencies", "sglang", "engine extras", "kernel stand-in", "adaptations", "imports")
 
 
 def prepare(version: str, *, progress: Progress = None) -> EngineEnvironment:
@@ -125,7 +126,8 @@ def prepare(version: str, *, progress: Progress = None) -> EngineEnvironment:
             if problem is None:
                 return EngineEnvironment(version, root, _site_packages(root), {})
             first_bad, _why = problem
-            state["done"] = state["done"][: STEPS.index(first_bad)]
+            # Keep only the steps before it (an older build may have recorded the steps in another order).
+            state["done"] = [s for s in state["done"] if STEPS.index(s) < STEPS.index(first_bad)]
             _write_state(root, state)
         timings: dict[str, float] = {}
         with step_reporter(progress, len(STEPS), f"engine environment sglang {version}") as step:
@@ -177,11 +179,17 @@ def _run_step(name: str, root: Path, version: str, state: dict) -> None:
             raise EngineEnvironmentError(f"sglang {version}: the cached wheel {wheel} is missing", path=str(wheel))
         _pip(python, [str(wheel)], step=name, names=[f"sglang=={version}"], force=True)
         return
+    if name == "kernel stand-in":
+        if pins.needs_kernel_standin(version):
+            wheel = kernel_standin.build_wheel(root / "kernel-standin")
+            _pip(python, [str(wheel)], step=name,
+                 names=[f"{kernel_standin.DISTRIBUTION}=={kernel_standin.VERSION}"], force=True)
+        return
     if name == "adaptations":
         state["adapted"] = apply_adaptations(_site_packages(root))
         return
     if name == "imports":
-        _check_imports(python)
+        _check_imports(python, version)
         return
     raise AssertionError(name)
 
@@ -219,9 +227,14 @@ IMPORT_CHECK = (
 )
 
 
-def _check_imports(python: Path) -> None:
+# With the stand-in: the modules that import its ops at module level (they fail at import without it).
+STANDIN_IMPORT_CHECK = "; import sglang.srt.mem_cache.allocation, sglang.kernels.ops.kvcache.cache_move"
+
+
+def _check_imports(python: Path, version: str) -> None:
     env = dict(os.environ, **engine_environment_variables())
-    proc = subprocess.run([str(python), "-c", IMPORT_CHECK], capture_output=True, text=True, env=env, timeout=600)
+    code = IMPORT_CHECK + (STANDIN_IMPORT_CHECK if pins.needs_kernel_standin(version) else "")
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, timeout=600)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         missing = re.search(r"No module named '([^']+)'", proc.stderr or "")
@@ -317,6 +330,7 @@ def _verification_problem(root: Path, version: str, state: dict) -> tuple[str, s
         for requirement in requirements:
             step_of[_normal(requirement.split("==")[0])] = step
     step_of["sglang"] = "sglang"
+    step_of[_normal(kernel_standin.DISTRIBUTION)] = "kernel stand-in"
     for name, pinned in pins.expected_versions(version).items():
         found = installed.get(_normal(name))
         if found is None or found.split("+")[0] != pinned:
@@ -340,4 +354,12 @@ def _verification_problem(root: Path, version: str, state: dict) -> tuple[str, s
             return owner, f"{path} is not the adapted file recorded at build time (sha256 {digest[:12]}…)"
     if not state.get("adapted"):
         return "adaptations", "no adapted file is recorded"
+    if pins.needs_kernel_standin(version):
+        path = site / kernel_standin.MODULE
+        try:
+            digest = adaptations.sha256_text(path.read_text(encoding="utf-8"))
+        except OSError:
+            return "kernel stand-in", f"{path} is missing"
+        if digest != kernel_standin.source_sha256():
+            return "kernel stand-in", f"{path} is not the project's stand-in (sha256 {digest[:12]}…)"
     return None

@@ -41,6 +41,18 @@ SERVER_FLAGS = (
 )
 
 
+# Flags a release needs on this CPU beyond SERVER_FLAGS, per role; the one place that decides them.
+# 0.5.16's prefill: with overlap scheduling on, a prefix-cache hit records a CUDA event
+# (disaggregation/prefill.py:1046, `torch.cuda.Event()`), which kills the scheduler on a CPU.
+RELEASE_SERVER_FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
+    "0.5.16": {"prefill": ("--disable-overlap-schedule",)},
+}
+
+
+def release_server_flags(version: str, role: str) -> tuple[str, ...]:
+    return RELEASE_SERVER_FLAGS.get(version, {}).get(role, ())
+
+
 # sglang derives a gRPC port as --port + 10000 and refuses to start when that passes 65535
 # (server_args.py, _handle_deprecated_args), even with gRPC off: a server's port is at most this.
 MAX_SERVER_PORT = 55535
@@ -219,7 +231,7 @@ def server_argv(environment: EngineEnvironment, model: Path, role: str, port: in
         if bootstrap_port is None:
             raise ValueError("a prefill needs its bootstrap port")
         argv += ["--disaggregation-bootstrap-port", str(bootstrap_port)]
-    return [*argv, *extra_args]
+    return [*argv, *release_server_flags(environment.version, role), *extra_args]
 
 
 def start_server(environment: EngineEnvironment, model: Path, role: str, port: int, log_file: Path, *,

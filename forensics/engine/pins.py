@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from forensics.engine import kernel_standin
 from forensics.exitcodes import UsageProblem
 
 # ``pip install torch==2.13.0`` takes the CPU build that lies on these machines' disk; any other torch
@@ -71,11 +72,21 @@ RELEASE_OVERRIDES: dict[str, dict[str, str]] = {
     "0.5.14": {"transformers": "5.8.1", "apache-tvm-ffi": "0.1.9"},
     "0.5.15": {},
     "0.5.15.post1": {},
+    # The fixed release. Its Requires-Dist pins transformers 5.12.1, apache-tvm-ffi 0.1.11 and
+    # xgrammar 0.2.1 as 0.5.15 does; what it adds (numba, helion, humming-kernels, newer
+    # flashinfer/flash-attn/quack/deep-gemm, sglang-kernel 0.4.5) is CUDA-only or not imported on
+    # this CPU path (numba only by the inkling image processor).
+    "0.5.16": {},
 }
+
+# Releases whose CPU path imports sgl-kernel's CPU ops at module level (0.5.16:
+# srt/mem_cache/allocation.py:46 and kernels/ops/kvcache/cache_move.py:10): their environment gets
+# the torch stand-in (forensics.engine.kernel_standin) as one more pinned distribution.
+KERNEL_STANDIN_RELEASES = frozenset({"0.5.16"})
 
 
 def supported_releases() -> list[str]:
-    """The releases an engine environment can be built for here (the vulnerable window)."""
+    """The releases an engine environment can be built for here (the vulnerable window and 0.5.16)."""
     return list(RELEASE_OVERRIDES)
 
 
@@ -93,9 +104,8 @@ def check_release(version: str) -> str:
     """``version`` when an engine environment can be built for it, else a UsageProblem naming why."""
     if version not in RELEASE_OVERRIDES:
         raise UsageProblem(
-            f"no engine environment is defined for sglang {version}: this CPU runs "
-            f"{', '.join(RELEASE_OVERRIDES)} (0.5.16 and later also need a torch stand-in for sgl-kernel's "
-            "CPU ops, not provided yet)"
+            f"no engine environment is defined for sglang {version}: its pins and CPU adaptations have not "
+            f"been worked out and measured here; defined: {', '.join(RELEASE_OVERRIDES)}"
         )
     return version
 
@@ -112,9 +122,15 @@ def install_steps(version: str) -> list[tuple[str, list[str]]]:
     ]
 
 
+def needs_kernel_standin(version: str) -> bool:
+    return check_release(version) in KERNEL_STANDIN_RELEASES
+
+
 def expected_versions(version: str) -> dict[str, str]:
     """Each pinned distribution's normalised name and version (torch's local label ignored)."""
     found = {}
+    if needs_kernel_standin(version):
+        found[kernel_standin.DISTRIBUTION] = kernel_standin.VERSION
     for _step, requirements in install_steps(version):
         for requirement in requirements:
             name, pinned = requirement.split("==", 1)
@@ -125,5 +141,8 @@ def expected_versions(version: str) -> dict[str, str]:
 
 def pin_hash(version: str, adaptation_ids: list[str]) -> str:
     """A short hash of everything that decides the environment's contents (its cache key)."""
-    payload = json.dumps({"steps": install_steps(version), "adaptations": sorted(adaptation_ids)}, sort_keys=True)
+    contents: dict = {"steps": install_steps(version), "adaptations": sorted(adaptation_ids)}
+    if needs_kernel_standin(version):  # only then: the other releases' keys stay as they were
+        contents["kernel stand-in"] = f"{kernel_standin.DISTRIBUTION}=={kernel_standin.VERSION}"
+    payload = json.dumps(contents, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
