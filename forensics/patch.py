@@ -94,7 +94,7 @@ def verify(release: Any = "0.5.15", *, nixl: bool = True) -> VerifyResult:
 
 
 def deploy(inventory: Any, *, yes: bool = False, force: bool = False, restart: bool = False,
-           restart_decodes: bool = False, liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S,
+           restart_decodes: bool | None = None, liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S,
            on_step: Callable[[Step], None] | None = None) -> DeployRecord:
     """Patch every prefill engine of a deployment (inventory path, Inventory or twin).
 
@@ -103,7 +103,8 @@ def deploy(inventory: Any, *, yes: bool = False, force: bool = False, restart: b
     is refused without ``force=True``), backup, atomic write, compile check, bytecode
     cleared, restart, and a real one-token request within ``liveness_deadline_s``. The plan
     warns of decodes whose release blocks on a restarted prefill (sglang 0.5.15);
-    ``restart_decodes=True`` restarts those after the prefills.
+    ``restart_decodes=True`` restarts those after the prefills, ``None`` (the default) only on a
+    real-engine deployment of ours (the plan says why), ``False`` never.
     ``on_step`` is called with each step as it ends. ``.status`` and ``.exit_status`` say
     how it went.
 
@@ -116,7 +117,8 @@ def deploy(inventory: Any, *, yes: bool = False, force: bool = False, restart: b
 
 
 def status(inventory: Any) -> StatusReport:
-    """Per prefill engine: ``original``, ``patched`` (and running it), ``patched-not-running`` or ``unknown``.
+    """Per prefill engine: ``original``, ``cpu-adapted``, ``patched`` (on which, and running it),
+    ``patched-not-running`` or ``unknown``.
 
     Example: ``fx.patch.status("inventory.toml").word``
     """
@@ -125,7 +127,7 @@ def status(inventory: Any) -> StatusReport:
     return engine_status(inventory)
 
 
-def rollback(inventory: Any, *, yes: bool = False, force: bool = False, restart_decodes: bool = False,
+def rollback(inventory: Any, *, yes: bool = False, force: bool = False, restart_decodes: bool | None = None,
              liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S,
              on_step: Callable[[Step], None] | None = None) -> DeployRecord:
     """Put each prefill's newest backup back byte for byte, restart, wait for liveness.

@@ -62,17 +62,15 @@ from typing import Any
 
 from forensics.exitcodes import EnvironmentProblem
 from patched_engine import remote_file
+from patched_engine.baselines import Release, accepted_baselines, release_conn
 from patched_engine.deploy_plan import (
     PLACEHOLDER_STAMP,
     PLACEHOLDER_TMPDIR,
     DeployPlan,
     EnginePlan,
-    Release,
-    accepted_baselines,
     load_inventory,
     patch_id_of,
     plan_deploy,
-    release_conn,
     restart_argv,
 )
 from patched_engine.deploy_record import DeployRecord
@@ -148,7 +146,7 @@ def _outcome(record: DeployRecord, checks: dict[str, Any], wrote: list[EnginePla
 
 
 def deploy(source: Any, *, yes: bool = False, force: bool = False, restart: bool = False,
-           restart_decodes: bool = False, liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S,
+           restart_decodes: bool | None = None, liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S,
            restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
            on_step: Callable[[Step], None] | None = None) -> DeployRecord:
     """Plan, then (with ``yes=True``, or on a twin) write, restart and wait for liveness.
@@ -157,7 +155,9 @@ def deploy(source: Any, *, yes: bool = False, force: bool = False, restart: bool
     shown. ``restart``: restart engines that are already patched too (an engine patched on
     disk whose process started before the write is restarted without it). ``restart_decodes``:
     after the prefills, restart each decode whose release blocks on a send to a restarted
-    prefill (sglang 0.5.15: :mod:`patched_engine.decode_hazard`; the plan warns of them either way).
+    prefill (sglang 0.5.15: :mod:`patched_engine.decode_hazard`; the plan warns of them either way);
+    None (the default) restarts them on a real-engine deployment of ours and nowhere else
+    (:func:`patched_engine.deploy_plan.real_engine_decodes`; the plan says why).
     """
     remote_file.check_kill_env()
     inv, path = load_inventory(source)
@@ -201,7 +201,7 @@ def deploy(source: Any, *, yes: bool = False, force: bool = False, restart: bool
                                                    checkpoint=interrupts.checkpoint):
                         restarted.append(e)
                         record.engine_states[e.engine] = RESTARTED
-                if restart_decodes and restarted:
+                if plan.restart_decodes and restarted:
                     restart_blocking_decodes(inv, plan, record, restart_timeout_s=restart_timeout_s, on_step=on_step,
                                              checkpoint=interrupts.checkpoint)
                 interrupts.checkpoint("before the liveness check")

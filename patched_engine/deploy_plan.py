@@ -1,11 +1,12 @@
 """The deploy's plan: each prefill engine located, its file checked against the release's wheel, patched in memory.
 
 Nothing here writes. :func:`plan_deploy` asks each prefill engine's interpreter where its
-sglang is (:mod:`patched_engine.locate`), reads ``nixl/conn.py``, compares it with the same
-file of the release's wheel (:func:`release_conn`; anything else is a fork), runs the
-codemod in memory and says what the deploy would do (:meth:`EnginePlan.actions`) and run
-(:meth:`DeployPlan.commands`). :func:`accepted_baselines` is the one place that says which
-bytes count as a release's own file (a rollback restores nothing else without ``force``).
+sglang is (:mod:`patched_engine.locate`), reads ``nixl/conn.py``, names it by its bytes
+(:mod:`patched_engine.baselines`: the wheel's file, in an engine environment its CPU-adapted
+form, the fix on either; anything else is a fork), runs the codemod in memory and says what
+the deploy would do (:meth:`EnginePlan.actions`) and run (:meth:`DeployPlan.commands`).
+:func:`~patched_engine.baselines.accepted_baselines` is the one place that says which bytes
+count as a release's own file (a rollback restores nothing else without ``force``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,15 @@ from typing import Any
 
 from forensics.exitcodes import EnvironmentProblem
 from patched_engine import remote_file
+from patched_engine.baselines import (
+    BASE_TEXT,
+    Release,
+    classify,
+    engine_environment_root,
+    is_cached_environment,
+    patched_bytes,
+    release_conn,
+)
 from patched_engine.locate import Located, locate, locate_argv
 from patched_engine.remote_file import Owner
 from patched_engine.running import EARLIER_FILE, NO_PROCESS
@@ -63,28 +73,6 @@ def stamp() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
 
 
-# ----------------------------------------------------------------------------- the wheel
-
-
-@dataclass(frozen=True)
-class Release:
-    version: str
-    conn_bytes: bytes
-
-    @property
-    def sha256(self) -> str:
-        return remote_file.sha256(self.conn_bytes)
-
-
-def release_conn(version: str) -> Release:
-    """The pristine ``nixl/conn.py`` of ``version``'s wheel (SourceError, exit 4, when it cannot be had)."""
-    from forensics.sglang_source import fetch
-
-    source = fetch(version)
-    path = source.backend_file("nixl")
-    return Release(version, source.verified_read_bytes(path))
-
-
 # ----------------------------------------------------------------------------- the plan
 
 
@@ -100,7 +88,9 @@ class EnginePlan:
     restart: list[str] | None
     located: Located
     original: bytes
-    kind: str  # "original" (the release's own file), "patched", "fork" (anything else)
+    # "original" (the wheel's own file), "cpu-adapted" (the wheel's file with the CPU adaptation, in an
+    # engine environment), "patched", "fork" (anything else, the adapted bytes outside an engine environment too)
+    kind: str
     release: str | None
     release_sha256: str | None
     reason: str
@@ -112,6 +102,8 @@ class EnginePlan:
     blocked: str | None = None  # its directory cannot be written (environment: exit 4), naming the path
     wheel: Release | None = None  # the release's own file, when it could be had
     running: Any = None  # patched_engine.running.RunningCheck for an engine already patched on disk
+    base: str | None = None  # for a patched file: "original" or "cpu-adapted" (None: neither, by its bytes)
+    local: bool = False  # the engine runs on this machine (only there can a file be in an engine environment)
 
     @property
     def path(self) -> str:
@@ -192,7 +184,8 @@ class EnginePlan:
         steps = [
             f"the bootstrap loop runs on this prefill engine ({self.label}); its file is {self.path}",
             f"compile the patched file with {self.python} (-m py_compile, in a private temporary directory)",
-            f"back up the original (sha256 {self.sha256_before[:12]}…) to {backup}, its record in {record}",
+            f"back up {BASE_TEXT.get(self.kind, 'the file')} (sha256 {self.sha256_before[:12]}…) to {backup}, its "
+            f"record in {record}",
             f"install the patched file {who} as {remote_file.temp_name(self.path)} with uid {owner.uid}, "
             f"gid {owner.gid}, mode {owner.mode:04o}; read it back; sync; mv over {self.path}; sync",
             f"remove its bytecode ({self.directory}/__pycache__/conn.*.pyc)",
@@ -209,7 +202,7 @@ class EnginePlan:
             "sudo": self.sudo, "package_dir": self.located.package_dir, "file": self.path,
             "symlink": bool((self.located.file or {}).get("symlink")),
             "release": self.release, "release_source": self.located.version_source,
-            "release_sha256": self.release_sha256, "sha256": self.sha256_before, "kind": self.kind,
+            "release_sha256": self.release_sha256, "sha256": self.sha256_before, "kind": self.kind, "base": self.base,
             "reason": self.reason, "patch_id": self.patch_id, "problem": self.problem, "blocked": self.blocked,
             "needed": self.needed, "running": self.running.to_dict() if self.running is not None else None,
             "owner": {"uid": self.owner.uid, "gid": self.owner.gid, "mode": f"{self.owner.mode:04o}"},
@@ -229,6 +222,8 @@ class DeployPlan:
     decode_hazards: list = field(default_factory=list)
     decode_undecided: list[str] = field(default_factory=list)
     restart_decodes: bool = False  # the deploy restarts the decodes of decode_hazards after the prefills
+    # Why the deploy restarts them without being asked (a deployment of ours running real sglang), or None.
+    restart_decodes_why: str | None = None
 
     @property
     def forks(self) -> list[EnginePlan]:
@@ -250,23 +245,34 @@ class DeployPlan:
 
     def warnings(self) -> list[str]:
         """What the plan's reader must know before a restart: decodes that may block, or may not be known."""
-        remedy = ("; the deploy restarts it after the prefill" if self.restart_decodes else
+        remedy = (f"; the deploy restarts it after the prefill{self._restart_why()}" if self.restart_decodes else
                   "; pass --restart-decodes (restart_decodes=True) to restart it after the prefill, or stop its "
                   "traffic and let its waiting requests time out (SGLANG_DISAGGREGATION_WAITING_TIMEOUT) first")
         return [h.describe() + remedy for h in self.decode_hazards] + self.decode_undecided
+
+    def _restart_why(self) -> str:
+        if not self.restart_decodes_why:
+            return ""
+        return (f" (as --restart-decodes does, unasked: {self.restart_decodes_why}; --no-restart-decodes leaves "
+                "it running)")
 
     def to_dict(self) -> dict[str, Any]:
         return {"inventory": self.inventory, "deployment": self.deployment, "twin": self.twin,
                 "engines": [e.to_dict() for e in self.engines],
                 "decode_hazards": [h.to_dict() for h in self.decode_hazards],
-                "decode_undecided": self.decode_undecided}
+                "decode_undecided": self.decode_undecided, "restart_decodes": self.restart_decodes,
+                "restart_decodes_why": self.restart_decodes_why}
 
 
-def plan_engine(inv, engine, *, release_cache: dict[str, Release | Exception]) -> EnginePlan:
-    from patched_engine.apply import ApplyError, decode_source, normalize_newlines, restore_text_form
-    from patched_engine.codemod import PatchError, patch_source
+def plan_engine(inv, engine, *, release_cache: dict[str, Release | Exception], codemod: bool = True) -> EnginePlan:
+    """Locate ``engine``'s file, name it by its bytes, and (``codemod``) patch it in memory.
+
+    ``patch status`` asks without ``codemod``: what a file is needs no patched copy of it."""
+    from patched_engine.apply import ApplyError
+    from patched_engine.codemod import PatchError
 
     host = inv.host_for(engine)
+    local = getattr(engine.host, "kind", None) == "local"
     located = locate(host, engine.python, engine.sglang_location, label=engine.label)
     try:
         original = host.read_file(located.path)
@@ -276,7 +282,7 @@ def plan_engine(inv, engine, *, release_cache: dict[str, Release | Exception]) -
         raise EnvironmentProblem(f"{engine.label}: {located.path} changed while it was read; try again")
     version = located.version or inv.sglang
     release_sha = None
-    reason = ""
+    base = None
     patch_id = patch_id_of(original)
     release: Release | None = None
     if version:
@@ -292,15 +298,14 @@ def plan_engine(inv, engine, *, release_cache: dict[str, Release | Exception]) -
     if patch_id is not None and patch_id != PATCH_ID:
         kind, reason = "fork", (f"carries a different patch, PD_FORENSICS_PATCH = {patch_id!r} (this deployer's is "
                                 f"{PATCH_ID!r}): roll it back first")
-    elif patch_id is not None:
-        kind, reason = "patched", f"carries PD_FORENSICS_PATCH = {patch_id!r}"
-    elif release is not None and release.conn_bytes == original:
-        kind = "original"
-        reason = f"byte-identical to nixl/conn.py of the sglang {version} wheel (sha256 {release_sha[:12]}…)"
     elif release is not None:
-        kind = "fork"
-        reason = (f"differs from nixl/conn.py of the sglang {version} wheel (sha256 {release_sha[:12]}…, "
-                  f"this file {remote_file.sha256(original)[:12]}…): a fork or a local edit")
+        found = classify(original, release, path=located.path, local=local, marked=patch_id is not None)
+        kind, base, reason = found.kind, found.base, found.reason
+        if kind == "patched":
+            reason = f"carries PD_FORENSICS_PATCH = {patch_id!r}: {reason}"
+    elif patch_id is not None:
+        kind, reason = "patched", (f"carries PD_FORENSICS_PATCH = {patch_id!r}; on which file cannot be told: "
+                                   f"release {version or 'unknown'}'s own file cannot be had")
     else:
         kind = "fork"
         why = release_cache.get(version) if version else None
@@ -310,19 +315,31 @@ def plan_engine(inv, engine, *, release_cache: dict[str, Release | Exception]) -
         engine=engine.name, label=engine.label, host=host.name, python=located.python, sudo=engine.sudo,
         restart=restart_argv(engine.restart) if engine.restart else None, located=located, original=original,
         kind=kind, release=version, release_sha256=release_sha, reason=reason, patch_id=patch_id, wheel=release,
+        base=base, local=local,
     )
-    if kind != "patched":
+    if kind != "patched" and codemod:
         try:
-            stored, form = decode_source(original, located.path)
-            result = patch_source(normalize_newlines(stored), version)  # diff paths relative to site-packages
-            plan.patch = result
-            plan.diff = result.diff
-            if result.changed:
-                plan.new_bytes = restore_text_form(stored, result.new_text, form).encode(form.encoding)
+            if kind in ("original", "cpu-adapted") and release is not None:  # the same bytes, patched once
+                plan.new_bytes, plan.patch = release.fix_on_original if kind == "original" else release.fix_on_adapted
+            if plan.patch is None:
+                plan.new_bytes, plan.patch = patched_bytes(original, version, located.path)
+            plan.diff = plan.patch.diff
         except (PatchError, ApplyError, UnicodeEncodeError) as exc:
             plan.problem = f"the codemod refuses {located.path}: {exc}"
-    plan.blocked = write_access_problem(located, sudo=engine.sudo)
+    plan.blocked = write_access_problem(located, sudo=engine.sudo) or (
+        pristine_environment_problem(located.path) if local else None)
     return plan
+
+
+def pristine_environment_problem(path: str) -> str | None:
+    """Why the deploy must not write ``path``: it lies in a release's cached engine environment,
+    which every deployment of that release clones and which stays pristine (docs/engine.md)."""
+    root = engine_environment_root(path)
+    if root is None or not is_cached_environment(root):
+        return None
+    return (f"{path} lies in the cached engine environment {root}, which every deployment of its release clones "
+            "and which stays pristine: deploy to a deployment's own clone (`forensics twin up --engine sglang` "
+            "makes one under <cache>/engine/deployments/)")
 
 
 def write_access_problem(located: Located, *, sudo: bool) -> str | None:
@@ -354,29 +371,6 @@ def write_access_problem(located: Located, *, sudo: bool) -> str | None:
             "docs/LIVE.md")
 
 
-def accepted_baselines(version: str | None, release: Release | None, path: str | None = None) -> dict[str, str]:
-    """The sha256 of every file a rollback may put back for ``version`` without ``force``, and what it is.
-
-    The wheel's own ``nixl/conn.py`` (``release``, already fetched and checked against the
-    wheel's RECORD); and when ``path`` (the engine's file) lies in one of this machine's engine
-    environments (:mod:`forensics.engine.environment`), also that file as the environment holds
-    it: the wheel's bytes with the CPU adaptations, derived from them the same way every time.
-    Anywhere else the adapted bytes are no baseline (a GPU host must never get DRAM registration).
-    """
-    if version is None or release is None:
-        return {}
-    baselines = {release.sha256: f"nixl/conn.py of the sglang {version} wheel"}
-    if path is not None:
-        from forensics.engine.adaptations import NIXL_DRAM
-        from forensics.engine.environment import in_engine_environment
-
-        if in_engine_environment(path):
-            adapted = NIXL_DRAM.apply(release.conn_bytes.decode("utf-8"), f"sglang {version}: nixl/conn.py")
-            baselines[adapted.sha256] = (f"nixl/conn.py of the sglang {version} wheel with the CPU adaptation "
-                                         f"{NIXL_DRAM.name} (an engine environment's baseline)")
-    return baselines
-
-
 def plan_deploy(source: Any) -> DeployPlan:
     """Read every prefill engine's file and plan the deploy. Writes nothing.
 
@@ -393,5 +387,35 @@ def plan_deploy(source: Any) -> DeployPlan:
         if e.kind == "patched":
             e.running = check_running(inv, inv.engine_named(e.engine), e.located)
     hazards, undecided = decode_hazards(inv)
-    return DeployPlan(str(path) if path else None, inv.name, inv.is_twin, engines, hazards, undecided)
+    plan = DeployPlan(str(path) if path else None, inv.name, inv.is_twin, engines, hazards, undecided)
+    plan.restart_decodes_why = real_engine_decodes(inv, hazards)
+    return plan
+
+
+def real_engine_decodes(inv, hazards) -> str | None:
+    """Why the deploy restarts the blocking decodes unasked, or None (then only --restart-decodes does).
+
+    A decode's restart is opt-in on a live deployment (it drops the decode's running requests).
+    On a deployment of ours running real sglang it is what every deploy needs: the decode is
+    sglang's own code, whose release blocks for good on a send to the restarted prefill
+    (:mod:`patched_engine.decode_hazard` reads that from the release), and nobody else's traffic
+    runs there. Ours: the inventory says so (``[twin] engine = "sglang"``, written by ``forensics
+    twin up --engine sglang``), or each such decode's sglang lies in an engine environment of this
+    machine's cache (:func:`~patched_engine.baselines.engine_environment_root`)."""
+    if not hazards:
+        return None
+    labels = ", ".join(h.label for h in hazards)
+    if (inv.twin or {}).get("engine") == "sglang":
+        return (f"{labels} is real sglang {hazards[0].release}, started by `forensics twin up --engine sglang` "
+                "([twin] engine = \"sglang\")")
+    roots = []
+    for hazard in hazards:
+        engine = inv.engine_named(hazard.engine)
+        root = (engine_environment_root(engine.sglang_location)
+                if getattr(engine.host, "kind", None) == "local" and engine.sglang_location else None)
+        if root is None:
+            return None
+        roots.append(str(root))
+    return (f"{labels} is real sglang {hazards[0].release} from this machine's engine environment "
+            f"({', '.join(sorted(set(roots)))}), a deployment of ours")
 

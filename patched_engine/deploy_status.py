@@ -1,14 +1,18 @@
 """``patch status``: per prefill engine, what is on disk and whether the running engine loaded it.
 
-On disk: ``original`` (the release's own file), ``patched`` (which patch id), ``unknown``
-(anything else) or ``unreadable``. For a patched file the running engine is asked too
-(:mod:`patched_engine.running`): its processes must have started after the file changed,
-else the engine still runs the file that was there before (``patched-not-running``: a
-deploy stopped between its write and its restart, or a restart line that restarts
-nothing); when that cannot be told, ``patched-unconfirmed``.
+On disk, named by its bytes (:func:`patched_engine.baselines.classify`): ``original`` (the
+release's own file), ``cpu-adapted`` (that file with the CPU adaptation, in an engine
+environment of this machine), ``patched`` (this deployer's fix; ``base`` says on which file:
+``original`` or ``cpu-adapted``, None when its bytes are the fix on neither), ``unknown``
+(anything else, the DRAM-adapted bytes outside an engine environment too) or ``unreadable``.
+For a patched file the running engine is asked too (:mod:`patched_engine.running`): its
+processes must have started after the file changed, else the engine still runs the file that
+was there before (``patched-not-running``: a deploy stopped between its write and its
+restart, or a restart line that restarts nothing); when that cannot be told,
+``patched-unconfirmed``.
 
-Exit status: 0 when every engine runs the fix; 1 when one does not (original, unknown,
-patched-not-running); 3 when it cannot be told for some engine and none is known not to.
+Exit status: 0 when every engine runs the fix; 1 when one does not (original, cpu-adapted,
+unknown, patched-not-running); 3 when it cannot be told for some engine and none is known not to.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forensics.exitcodes import BAD, GOOD, INCONCLUSIVE, EnvironmentProblem, ExitStatus
-from patched_engine.deploy_plan import Release, load_inventory, plan_engine
+from patched_engine.baselines import BASE_TEXT, Release
+from patched_engine.deploy_plan import load_inventory, plan_engine
 from patched_engine.running import EARLIER_FILE, NO_PROCESS, THIS_FILE, check_running
 
-NOT_RUNNING_FIX = ("original", "unknown", "patched-not-running")  # decided: this engine does not run the fix
+# decided: this engine does not run the fix (an adapted file is the release's file on this CPU, unfixed)
+NOT_RUNNING_FIX = ("original", "cpu-adapted", "unknown", "patched-not-running")
 UNDECIDED_STATES = ("unreadable", "patched-unconfirmed")
 
 
@@ -28,8 +34,10 @@ UNDECIDED_STATES = ("unreadable", "patched-unconfirmed")
 class EngineStatus:
     engine: str
     label: str
-    state: str  # original, patched, patched-not-running, patched-unconfirmed, unknown, unreadable
+    # original, cpu-adapted, patched, patched-not-running, patched-unconfirmed, unknown, unreadable
+    state: str
     file: str | None = None
+    base: str | None = None  # a patched file's: "original" or "cpu-adapted" (None: neither, or not patched)
     release: str | None = None
     patch_id: str | None = None
     sha256: str | None = None
@@ -37,8 +45,15 @@ class EngineStatus:
     backups: list[str] = field(default_factory=list)
     running: dict[str, Any] | None = None  # RunningCheck.to_dict(): processes, the file's change time, verdict
 
+    @property
+    def text(self) -> str:
+        """The state as a person reads it: "patched (on the CPU-adapted file)"."""
+        if self.state.startswith("patched") and self.base in BASE_TEXT:
+            return f"{self.state} (on {BASE_TEXT[self.base]})"
+        return self.state
+
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "text": self.text}
 
 
 @dataclass
@@ -68,7 +83,7 @@ class StatusReport:
 
         table = Table("engine", "state", "patch", "release", "file", "reason", title=f"{self.deployment}: {self.word}")
         for e in self.engines:
-            table.add_row(e.label, e.state, e.patch_id or "", e.release or "", e.file or "", e.reason)
+            table.add_row(e.label, e.text, e.patch_id or "", e.release or "", e.file or "", e.reason)
         return table
 
 
@@ -89,11 +104,12 @@ def status(source: Any) -> StatusReport:
     try:
         for engine in inv.engines_with("prefill"):
             try:
-                plan = plan_engine(inv, engine, release_cache=cache)
+                plan = plan_engine(inv, engine, release_cache=cache, codemod=False)
             except EnvironmentProblem as exc:
                 engines.append(EngineStatus(engine.name, engine.label, "unreadable", reason=str(exc)))
                 continue
-            state = {"patched": "patched", "original": "original"}.get(plan.kind, "unknown")
+            state = {"patched": "patched", "original": "original", "cpu-adapted": "cpu-adapted"}.get(plan.kind,
+                                                                                                    "unknown")
             if plan.kind == "fork" and plan.release_sha256 is None:
                 state = "unreadable"  # the release's file could not be had: undecided, not "unknown"
             reason = plan.reason
@@ -102,7 +118,8 @@ def status(source: Any) -> StatusReport:
                 state, why = _running_state(running.reason, running.verdict)
                 reason = f"{plan.reason}; {why}"
             engines.append(EngineStatus(
-                engine.name, engine.label, state, file=plan.path, release=plan.release, patch_id=plan.patch_id,
+                engine.name, engine.label, state, file=plan.path, base=plan.base if state.startswith("patched") else None,
+                release=plan.release, patch_id=plan.patch_id,
                 sha256=plan.sha256_before, reason=reason,
                 backups=[b["path"] for b in plan.located.file.get("backups", [])], running=running.to_dict()))
     finally:

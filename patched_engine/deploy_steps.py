@@ -169,11 +169,16 @@ def confirm_running(inv, rec: Recorder, plan: EnginePlan):
     return check
 
 
-def planned(action: str, inv, path, restart_decodes: bool) -> DeployRecord:
-    """A record holding the plan (nothing done yet)."""
+def planned(action: str, inv, path, restart_decodes: bool | None) -> DeployRecord:
+    """A record holding the plan (nothing done yet). ``restart_decodes`` None: as the plan decides
+    (:func:`patched_engine.deploy_plan.real_engine_decodes`: on a real-engine deployment of ours)."""
     plan = plan_deploy(inv)
     plan.inventory = str(path) if path else None
-    plan.restart_decodes = restart_decodes
+    if restart_decodes is None:
+        plan.restart_decodes = bool(plan.restart_decodes_why)
+    else:
+        plan.restart_decodes = restart_decodes
+        plan.restart_decodes_why = None  # asked for (or against) explicitly
     return DeployRecord(action, "planned", plan)
 
 

@@ -4,9 +4,9 @@ The backup beside the file and its record are the deploy's own writing, but they
 directory others can write: the record's ``sha256`` is no trust anchor (edit the backup,
 edit the record to match, and a rollback would install the edit). So the backup's bytes
 must also be one of the release's accepted baselines
-(:func:`patched_engine.deploy_plan.accepted_baselines`: the wheel's ``nixl/conn.py``,
-fetched and checked against the wheel's RECORD, and in an engine environment that file with
-its CPU adaptations). Anything else (a fork deployed with
+(:func:`patched_engine.baselines.accepted_baselines`: the wheel's ``nixl/conn.py``,
+fetched and checked against the wheel's RECORD, and in an engine environment of this machine
+that file with its CPU adaptation, whose own sha256 the rollback checks the same way). Anything else (a fork deployed with
 ``--force``, a tampered backup) is refused, naming the backup and both hashes, unless
 ``force=True``; a wheel that cannot be had is exit 4 unless ``force=True``.
 
@@ -22,7 +22,8 @@ from typing import Any
 
 from forensics.exitcodes import EnvironmentProblem
 from patched_engine import remote_file
-from patched_engine.deploy_plan import EnginePlan, accepted_baselines, load_inventory
+from patched_engine.baselines import accepted_baselines
+from patched_engine.deploy_plan import EnginePlan, load_inventory
 from patched_engine.deploy_record import DeployRecord
 from patched_engine.deploy_steps import (
     confirm_running,
@@ -61,13 +62,13 @@ def backup_trust(plan: EnginePlan, backup: dict[str, Any]) -> tuple[str, str]:
     if plan.release is None or plan.release_sha256 is None:
         return "unverifiable", (f"{backup['path']} (sha256 {digest}) cannot be checked against the release's wheel: "
                                 f"{plan.reason}")
-    baselines = accepted_baselines(plan.release, plan.wheel, plan.located.path)
+    baselines = accepted_baselines(plan.release, plan.wheel, plan.located.path, local=plan.local)
     if digest in baselines:
         return "accepted", f"{backup['path']}: sha256 {digest[:12]}…, {baselines[digest]}"
     recorded = backup["recorded"].get("kind")
     claims = f"; its record says kind {recorded!r}, but a record is no proof" if recorded else ""
-    return "foreign", (f"{backup['path']} has sha256 {digest}, not {plan.release_sha256} of nixl/conn.py in the "
-                       f"sglang {plan.release} wheel{claims}")
+    wanted = " nor ".join(f"{known} ({what})" for known, what in baselines.items())
+    return "foreign", f"{backup['path']} has sha256 {digest}, not {wanted}{claims}"
 
 
 def _interrupted(inv, record: DeployRecord, exc: Interrupted, restarted: list[EnginePlan],
@@ -77,7 +78,7 @@ def _interrupted(inv, record: DeployRecord, exc: Interrupted, restarted: list[En
                                NO_PROCESS: "restored on disk; no engine process running"})
 
 
-def rollback(source: Any, *, yes: bool = False, force: bool = False, restart_decodes: bool = False,
+def rollback(source: Any, *, yes: bool = False, force: bool = False, restart_decodes: bool | None = None,
              liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S,
              restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
              on_step: Callable[[Step], None] | None = None) -> DeployRecord:
@@ -152,7 +153,7 @@ def rollback(source: Any, *, yes: bool = False, force: bool = False, restart_dec
                     if finish_engine(rec, e, restart_timeout_s=restart_timeout_s, checkpoint=interrupts.checkpoint):
                         restarted.append(e)
                         record.engine_states[e.engine] = RESTORED_RESTARTED
-                if restart_decodes and restarted:
+                if plan.restart_decodes and restarted:
                     restart_blocking_decodes(inv, plan, record, restart_timeout_s=restart_timeout_s, on_step=on_step,
                                              checkpoint=interrupts.checkpoint)
                 interrupts.checkpoint("before the liveness check")

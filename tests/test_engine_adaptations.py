@@ -193,18 +193,3 @@ def test_torchvision_guard_skips_the_registration_only_when_ops_are_missing():
         exec(compile(body, "meta", "exec"), namespace)  # noqa: S102
         assert registered == (["torchvision::nms", "torchvision::qnms"] if has_ops else [])
         assert callable(namespace["meta_nms"])
-
-
-def test_accepted_baselines_add_the_adapted_bytes_only_inside_an_engine_environment(tmp_path, monkeypatch):
-    from forensics.engine.environment import environments_dir
-    from patched_engine.deploy_plan import accepted_baselines, release_conn
-
-    monkeypatch.setenv("PD_FORENSICS_CACHE", str(tmp_path / "cache"))
-    release = release_conn("0.5.15")
-    inside = environments_dir() / "0.5.15-abc/venv/lib/python3.11/site-packages" / NIXL_CONN
-    adapted = adaptations.adapted_baseline("0.5.15")[NIXL_CONN]
-    here = accepted_baselines("0.5.15", release, str(inside))
-    assert set(here) == {release.sha256, adapted}
-    assert "cpu-nixl-dram" in here[adapted]
-    elsewhere = accepted_baselines("0.5.15", release, "/usr/lib/python3/site-packages/" + NIXL_CONN)
-    assert set(elsewhere) == {release.sha256}

@@ -196,12 +196,13 @@ def _conclude_record(record, as_json: bool) -> None:
 @click.option("--force", is_flag=True, help="Deploy over a file that is not the release's own (after its diff).")
 @click.option("--restart", "restart_patched", is_flag=True,
               help="Restart already-patched engines too (a deploy stopped between write and restart).")
-@click.option("--restart-decodes", is_flag=True,
-              help="After the prefills, restart each decode whose release blocks on a restarted prefill (0.5.15).")
+@click.option("--restart-decodes/--no-restart-decodes", default=None,
+              help="After the prefills, restart each decode whose release blocks on a restarted prefill (0.5.15). "
+                   "Default: only on a real-engine deployment of ours (the plan says why).")
 @click.option("--liveness-deadline", type=float, default=600.0, show_default=True, callback=positive_seconds,
               help="Seconds after the restart within which a real one-token request must answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-def deploy_command(inventory: str, yes: bool, force: bool, restart_patched: bool, restart_decodes: bool,
+def deploy_command(inventory: str, yes: bool, force: bool, restart_patched: bool, restart_decodes: bool | None,
                    liveness_deadline: float, as_json: bool) -> None:
     """Patch every prefill engine's nixl/conn.py: plan and diff; with --yes backup, atomic write,
     compile check, bytecode cleared, restart, LIVENESS, and a check that the engine runs it.
@@ -224,10 +225,13 @@ def deploy_command(inventory: str, yes: bool, force: bool, restart_patched: bool
 @click.option("--inventory", required=True, type=click.Path(dir_okay=False, exists=True), help=INVENTORY_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 def status_command(inventory: str, as_json: bool) -> None:
-    """Per prefill engine: original, patched (which patch id, and running), patched-not-running, or unknown.
+    """Per prefill engine: original, cpu-adapted, patched (on the original or the CPU-adapted file, which
+    patch id, and running), patched-not-running, or unknown.
 
-    A patched file counts only if every engine process started after it changed. Exit 0
-    when every prefill engine runs the fix, 1 when one does not (original, unknown,
+    Decided by the file's bytes: the release's wheel file, that file with the CPU adaptation
+    (only inside an engine environment of this machine), the fix on either. A patched file
+    counts only if every engine process started after it changed. Exit 0 when every prefill
+    engine runs the fix, 1 when one does not (original, cpu-adapted, unknown,
     patched-not-running), 3 when that cannot be told (a file, the wheel or the processes
     could not be read).
     """
@@ -241,12 +245,13 @@ def status_command(inventory: str, as_json: bool) -> None:
 @click.option("--inventory", required=True, type=click.Path(dir_okay=False, exists=True), help=INVENTORY_HELP)
 @click.option("--yes", is_flag=True, help="Really roll back a live deployment. Without it only the plan.")
 @click.option("--force", is_flag=True, help="Restore a backup that is not the release's own file (after reading why).")
-@click.option("--restart-decodes", is_flag=True,
-              help="After the prefills, restart each decode whose release blocks on a restarted prefill (0.5.15).")
+@click.option("--restart-decodes/--no-restart-decodes", default=None,
+              help="After the prefills, restart each decode whose release blocks on a restarted prefill (0.5.15). "
+                   "Default: only on a real-engine deployment of ours (the plan says why).")
 @click.option("--liveness-deadline", type=float, default=600.0, show_default=True, callback=positive_seconds,
               help="Seconds after the restart within which a real one-token request must answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-def rollback_command(inventory: str, yes: bool, force: bool, restart_decodes: bool, liveness_deadline: float,
+def rollback_command(inventory: str, yes: bool, force: bool, restart_decodes: bool | None, liveness_deadline: float,
                      as_json: bool) -> None:
     """Put each prefill's newest backup back byte for byte, restart, LIVENESS.
 

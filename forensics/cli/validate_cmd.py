@@ -14,8 +14,9 @@ AB_POOL_PAGES = 160  # the twins of --ab: 160 pages of 4 KiB in the decode's KV 
 @click.option("--inventory", "inventory", type=click.Path(dir_okay=False), default=None,
               help="the deployment's inventory file (a twin's is printed by 'twin up'); A of --ab")
 @click.option("--deploy", is_flag=True, help="deploy the patched engine first (patched_engine.deploy)")
-@click.option("--restart-decodes", is_flag=True,
-              help="with --deploy: restart each decode whose release blocks on a restarted prefill (0.5.15)")
+@click.option("--restart-decodes/--no-restart-decodes", default=None,
+              help="with --deploy: restart each decode whose release blocks on a restarted prefill (0.5.15); "
+                   "by default only on a real-engine deployment of ours")
 @click.option("--cycles", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--sessions", default=60, show_default=True, type=click.IntRange(min=1),
               help="concurrent sessions per cycle")

@@ -68,14 +68,6 @@ def environments_dir() -> Path:
     return path
 
 
-def in_engine_environment(path: str | Path) -> bool:
-    """Whether ``path`` (a file on this machine) lies inside an engine environment of this cache: a
-    release's cached one, or a deployment's clone of it (``<cache>/engine/deployments/<key>/env``)."""
-    real = os.path.realpath(path)
-    roots = (environments_dir(), cache_dir() / "engine" / "deployments")
-    return any(real.startswith(os.path.realpath(root) + os.sep) for root in roots)
-
-
 def environment_dir(version: str) -> Path:
     """Where ``version``'s engine environment lives (built or not)."""
     pins.check_release(version)

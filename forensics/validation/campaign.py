@@ -31,7 +31,7 @@ _STORM_OPTIONS = ("phase", "waves", "wave_interval", "prompt_tokens", "max_token
                   "settle", "sample_s")
 
 
-def validate(target: Any, *, deploy: bool = False, yes: bool = False, restart_decodes: bool = False,
+def validate(target: Any, *, deploy: bool = False, yes: bool = False, restart_decodes: bool | None = None,
              cycles: int = 1, sessions: int = 60,
              kill_after: Any = 0.0, probe_deadline_s: float | None = None, collect_options: dict | None = None,
              liveness_deadline_s: float = DEFAULT_LIVENESS_DEADLINE_S, progress: Progress | None = None,
@@ -126,7 +126,7 @@ def _all_undecided(reason: str, cycle: int) -> list[Check]:
     return [Check(name, INCONCLUSIVE, reason, cycle=cycle) for name in checks_mod.CHECKS]
 
 
-def _deploy(source: Any, *, yes: bool, deadline_s: float, restart_decodes: bool = False) -> tuple[Check, Any]:
+def _deploy(source: Any, *, yes: bool, deadline_s: float, restart_decodes: bool | None = None) -> tuple[Check, Any]:
     from patched_engine import deploy as deploy_mod
 
     try:
