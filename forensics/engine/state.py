@@ -71,11 +71,12 @@ def decode_arrivals(deployment) -> int | None:
     return observer.DecodeArrivals([("decode", deployment.decode)], generator.ENDPOINT).count()
 
 
-def kill_one_client(deployment, *, prompt_tokens: int = 3000, timeout: float = 120.0) -> str:
+def kill_one_client(deployment, *, prompt_tokens: int = 3000, timeout: float = 120.0, on_close=None) -> str:
     """Open one streaming chat completion through the router, drop the client the moment the decode
     has counted its arrival and no token came back (its KV pending), then wait for the decode's abort.
 
-    Returns what happened, in the demo's words ("... the decode aborted the transfer" on success)."""
+    Returns what happened, in the demo's words ("... the decode aborted the transfer" on success);
+    ``on_close()`` is called the moment the client's socket is closed (a benchmark times from it)."""
     from forensics.storm import generator
 
     before_aborts, before_arrivals = decode_aborts(deployment), decode_arrivals(deployment)
@@ -101,6 +102,8 @@ def kill_one_client(deployment, *, prompt_tokens: int = 3000, timeout: float = 1
             return "the first token came before the kill (the prefill was too fast): nothing pending to abort"
     finally:
         sock.close()  # the client is gone; the mini LB passes a streaming client's disconnect on
+        if on_close is not None:
+            on_close()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if decode_aborts(deployment) > before_aborts:
