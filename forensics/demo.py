@@ -36,9 +36,19 @@ class Step:
     seconds: float
 
 
+ENGINES = ("twin", "sglang")
+ENGINE_WORDS = {"twin": "the twin", "sglang": "real sglang"}
+
+
+def is_real(deployment) -> bool:
+    """Whether ``deployment`` runs the real engine (its inventory's ``[twin] engine = "sglang"``)."""
+    return getattr(deployment, "settings", None) is not None and deployment.settings.engine == "sglang"
+
+
 @dataclass
 class DemoResult:
     release: str
+    engine: str = "twin"  # which engine ran the story: the twin, or real sglang (ENGINES)
     steps: list[Step] = field(default_factory=list)
     summary_sentences: list[str] = field(default_factory=list)
     directories: dict[str, str] = field(default_factory=dict)  # the twin's own files
@@ -51,7 +61,7 @@ class DemoResult:
         return bool(self.steps) and all(step.ok for step in self.steps)
 
     def to_dict(self) -> dict:
-        return {"release": self.release, "ok": self.ok, "seconds": round(self.seconds, 2),
+        return {"release": self.release, "engine": self.engine, "ok": self.ok, "seconds": round(self.seconds, 2),
                 "steps": [step.__dict__ for step in self.steps], "log_summary": self.summary_sentences,
                 "directories": self.directories, "out": self.out, "report": self.report}
 
@@ -66,20 +76,22 @@ class DemoResult:
         from rich.table import Table
         from rich.text import Text
 
-        table = Table(title=f"Incident demo on the twin, sglang {self.release} (NIXL)")
+        table = Table(title=f"Incident demo on {ENGINE_WORDS[self.engine]}, sglang {self.release} (NIXL)")
         for column in ("stage", "step", "result", "what we saw", "s"):
             table.add_column(column, overflow="fold")
         for step in self.steps:
             table.add_row(step.stage, step.name, Text("ok" if step.ok else "UNEXPECTED",
                                                      style="green" if step.ok else "bold red"),
                           Text(step.detail), f"{step.seconds:.1f}")
-        verdict = ("The story held: one killed client wedged the twin while /health stayed 200, the diagnosis "
+        verdict = (f"The story held on {ENGINE_WORDS[self.engine]}: one killed client wedged the deployment "
+                   "while /health stayed 200, the diagnosis "
                    "said WEDGED, the patched engine survived the same kill and the storm campaign."
                    if self.ok else "The story did NOT hold; see the unexpected steps above.")
         parts = [table]
         if self.summary_sentences:
             parts.append(Panel(Text("\n".join(f"• {s}" for s in self.summary_sentences)),
-                               title="What the wedged twin's logs say (forensics logs)", expand=False))
+                               title=f"What the wedged deployment's logs say ({ENGINE_WORDS[self.engine]}, "
+                                     "forensics logs)", expand=False))
         parts.append(Text(f"{verdict} ({self.seconds:.0f} s)", style="bold green" if self.ok else "bold red"))
         if self.report:
             parts.append(Text(f"The postmortem: {self.report} (Markdown and PDF beside it); everything in {self.out}"))
@@ -89,7 +101,7 @@ class DemoResult:
         rows = "".join(
             f"<tr><td>{s.stage}</td><td>{html.escape(s.name)}</td><td>{'ok' if s.ok else '<b>UNEXPECTED</b>'}</td>"
             f"<td>{html.escape(s.detail)}</td><td>{s.seconds:.1f}</td></tr>" for s in self.steps)
-        return (f"<table><caption>Incident demo, sglang {self.release}</caption><tr><th>stage</th><th>step</th>"
+        return (f"<table><caption>Incident demo on {ENGINE_WORDS[self.engine]}, sglang {self.release}</caption><tr><th>stage</th><th>step</th>"
                 f"<th>result</th><th>what we saw</th><th>s</th></tr>{rows}</table>")
 
 
@@ -111,13 +123,13 @@ def _twin_state(base_url: str) -> dict:
     return json.loads(body)["internal_states"][0]["twin"]
 
 
-def _wait_until(predicate, timeout: float):
+def _wait_until(predicate, timeout: float, poll: float = 0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.05)
+        time.sleep(poll)
     return None
 
 
@@ -146,12 +158,19 @@ def generate(router: str, timeout: float, prompt_tokens: int = 64) -> tuple[bool
         return False, f"failed: {exc.reason}"
 
 
-def kill_client_during_transfer_wait(deployment, prompt_tokens: int = 20000, timeout: float = 30.0) -> str:
+def kill_client_during_transfer_wait(deployment, prompt_tokens: int = 20000, timeout: float = 30.0,
+                                     on_close=None) -> str:
     """Open a streaming request, wait until the decode waits for its KV, then drop the client.
 
     A long prompt (20,000 tokens: about 4 s of prefill at the twin's default rate) keeps the
-    transfer pending long enough to catch it even on a loaded machine.
+    transfer pending long enough to catch it even on a loaded machine. On real sglang the decode's
+    arrival counter says when the request is there (:func:`forensics.engine.state.kill_one_client`;
+    the slow-prefill model's prefill of 3,000 tokens takes seconds).
     """
+    if is_real(deployment):
+        from forensics.engine import state
+
+        return state.kill_one_client(deployment, on_close=on_close)
     decode_before = _twin_state(deployment.decode)["counters"]["transfer_failed"]
     url = urlparse(deployment.router)
     body = json.dumps({"input_ids": list(range(prompt_tokens)), "sampling_params": {"max_new_tokens": 50},
@@ -164,6 +183,8 @@ def kill_client_during_transfer_wait(deployment, prompt_tokens: int = 20000, tim
             return "the request never reached the decode transfer queue"
     finally:
         sock.close()  # the client is gone; the router closes its upstream requests
+        if on_close is not None:  # ``on_close()``: the moment the client is gone (a benchmark times from it)
+            on_close()
     failed = _wait_until(
         lambda: _twin_state(deployment.decode)["counters"]["transfer_failed"] > decode_before, timeout)
     return "client killed while its KV was pending; the decode aborted the transfer" if failed else \
@@ -171,6 +192,9 @@ def kill_client_during_transfer_wait(deployment, prompt_tokens: int = 20000, tim
 
 
 KILL_ATTEMPTS = 3
+REAL_MODEL = "slow-prefill"  # its prefill of 3,000 tokens takes seconds: the window a kill must hit
+REAL_HANG_TIMEOUT_S = 60.0  # a healthy real engine answers a short request well within this, loaded
+REAL_REQUEST_TIMEOUT_S = 180.0  # the first requests after a (re)start are slow on 2 shared cores
 
 
 def kill_until_the_prefill_takes_a_frame(deployment, attempts: int = KILL_ATTEMPTS) -> tuple[bool, int, str]:
@@ -179,6 +203,10 @@ def kill_until_the_prefill_takes_a_frame(deployment, attempts: int = KILL_ATTEMP
     ``attempts`` times: on a loaded machine a kill can land outside the wait, and then nothing is
     aborted. Returns (a frame taken, clients killed, the last kill's detail)."""
     def consumed() -> int:
+        if is_real(deployment):
+            from forensics.engine import state
+
+            return state.prefill_frames(deployment)
         return _twin_state(deployment.prefill)["frames_consumed"]
 
     detail = ""
@@ -203,9 +231,13 @@ def default_out() -> Path:
 
 
 def run(release: str = "0.5.15", *, out: str | Path | None = None, directory: str | Path | None = None,
-        progress: Progress | None = None, hang_timeout: float = 5.0, sessions: int = 12,
-        cycles: int = 1) -> DemoResult:
-    """The whole story on one twin of ``release``: reproduce, diagnose, diff, patch, validate, report.
+        progress: Progress | None = None, hang_timeout: float | None = None, sessions: int = 12,
+        cycles: int = 1, engine: str = "twin") -> DemoResult:
+    """The whole story on one deployment of ``release``: reproduce, diagnose, diff, patch, validate, report.
+
+    ``engine``: ``twin`` (the default) or ``sglang``, real sglang's prefill, decode and mini LB
+    serving the slow-prefill model (:mod:`forensics.engine.deployment`; minutes, not seconds).
+    The diff stage's second kill runs on a Mooncake twin either way (the real engine runs NIXL only).
 
     ``out`` receives the investigation, the postmortem (``report/report.{md,html,pdf}``) and
     ``demo.json`` (a fresh ``forensics-demo-<time>`` folder when not given); ``directory``
@@ -216,11 +248,16 @@ def run(release: str = "0.5.15", *, out: str | Path | None = None, directory: st
     Example: ``fx.demo.run("0.5.15", out="demo-out").report``
     """
     from forensics import twin
-    from forensics.exitcodes import environment_problem_from_os_error
+    from forensics.exitcodes import UsageProblem, environment_problem_from_os_error
     from forensics.report import Investigation
 
+    if engine not in ENGINES:
+        raise UsageProblem(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
+    real = engine == "sglang"
+    if hang_timeout is None:  # how long a request may take before it counts as hung
+        hang_timeout = REAL_HANG_TIMEOUT_S if real else 5.0
     say = progress or (lambda message: None)
-    result = DemoResult(release=release)
+    result = DemoResult(release=release, engine=engine)
     started = time.monotonic()
     out = Path(out) if out is not None else default_out()
     try:
@@ -228,16 +265,24 @@ def run(release: str = "0.5.15", *, out: str | Path | None = None, directory: st
     except OSError as exc:
         raise environment_problem_from_os_error(exc, str(out), "cannot write the demo folder") from None
     result.out = str(out)
-    twin_directory = Path(directory) if directory else out / "twin"
-    investigation = Investigation(out / "investigation", target=f"twin of sglang {release}", release=release,
-                                  backend="nixl", title=f"The NIXL bootstrap wedge on sglang {release} (twin demo)")
+    twin_directory = Path(directory) if directory else out / ("engine" if real else "twin")
+    what = f"real sglang {release}" if real else f"twin of sglang {release}"
+    investigation = Investigation(out / "investigation", target=what, release=release, backend="nixl",
+                                  title=f"The NIXL bootstrap wedge on sglang {release} "
+                                        f"({'real engine' if real else 'twin'} demo)")
     story = _Story(result, say, investigation)
 
-    say(f"starting the twin (sglang {release}, unpatched)")
+    say(f"starting {what} (unpatched)")
     t0 = time.monotonic()
-    with twin.up(release, directory=twin_directory) as deployment:
-        result.directories["twin"] = str(deployment.directory)
-        story.step("reproduce", "twin up", True,
+    if real:
+        from forensics.engine import deployment as real_engine
+
+        started_deployment = real_engine.up(release, directory=twin_directory, model_size=REAL_MODEL)
+    else:
+        started_deployment = twin.up(release, directory=twin_directory)
+    with started_deployment as deployment:
+        result.directories["engine" if real else "twin"] = str(deployment.directory)
+        story.step("reproduce", "sglang up (real engine)" if real else "twin up", True,
                    f"router {deployment.router}, ready in {deployment.timings['total']:.1f} s", t0)
         story.stage("reproduce", _reproduce, deployment, hang_timeout)
         story.stage("diagnose", _diagnose, deployment, started_at=time.time() - (time.monotonic() - started))
@@ -272,7 +317,20 @@ class _Story:
 
 
 def _bootstrap_alive(deployment) -> bool | None:
+    if is_real(deployment):  # real sglang has no state page: py-spy of the prefill's scheduler
+        from forensics.engine import state
+
+        return state.bootstrap_thread_alive(deployment)
     return _twin_state(deployment.prefill)["bootstrap_thread_alive"]
+
+
+def _request_timeout(deployment) -> float:
+    return REAL_REQUEST_TIMEOUT_S if is_real(deployment) else 30.0
+
+
+def _poll(deployment) -> float:
+    """Between two looks at a deployment's state: a py-spy dump of a real scheduler is not free."""
+    return 1.0 if is_real(deployment) else 0.05
 
 
 def _health_codes(deployment) -> dict[str, int]:
@@ -283,7 +341,7 @@ def _reproduce(story: _Story, deployment, hang_timeout: float) -> None:
     from forensics.logs import scan
 
     t0 = time.monotonic()
-    completed, detail = generate(deployment.router, timeout=30.0)
+    completed, detail = generate(deployment.router, timeout=_request_timeout(deployment))
     story.step("reproduce", "a request before the kill", completed, detail, t0)
     t0 = time.monotonic()
     attempts, detail = 0, ""
@@ -292,7 +350,7 @@ def _reproduce(story: _Story, deployment, hang_timeout: float) -> None:
     while attempts < KILL_ATTEMPTS and _bootstrap_alive(deployment):
         attempts += 1
         detail = kill_client_during_transfer_wait(deployment)
-        _wait_until(lambda: _bootstrap_alive(deployment) is False, 20.0)
+        _wait_until(lambda: _bootstrap_alive(deployment) is False, 20.0, _poll(deployment))
     story.step("reproduce", "kill one streaming client", "decode aborted" in detail,
                detail + (f" ({attempts} clients killed)" if attempts > 1 else ""), t0)
     t0 = time.monotonic()
@@ -324,8 +382,9 @@ def _diagnose(story: _Story, deployment, started_at: float) -> None:
     t0 = time.monotonic()
     evidence = fx.collect(deployment, since=started_at, sample_s=2)
     verdict = fx.diagnose(evidence)
-    story.investigation.add_bundle(evidence, about="collected from the wedged twin")
-    story.investigation.add_verdict(verdict, about="the wedged twin's diagnosis")
+    which = ENGINE_WORDS[_engine(deployment)]
+    story.investigation.add_bundle(evidence, about=f"collected from the wedged deployment ({which})")
+    story.investigation.add_verdict(verdict, about=f"the wedged deployment's diagnosis ({which})")
     reason = verdict.reasons[0] if verdict.reasons else ""
     story.step("diagnose", "collect + diagnose", verdict.verdict == "WEDGED",
                f"{verdict.verdict}" + (f": {reason}" if reason else ""), t0)
@@ -437,7 +496,8 @@ def _patch(story: _Story, deployment, release: str) -> None:
     record = fx.patch.deploy(deployment, restart_decodes=True)
     # The record's own message ("patched 1 prefill engine(s); liveness ok"); the steps, with
     # their paths, are in the record (demo.json would need them only to debug a failure).
-    story.step("patch", "deploy to the wedged twin", record.status == "deployed",
+    story.step("patch", "deploy to the wedged " + ("real engine" if is_real(deployment) else "twin"),
+               record.status == "deployed",
                f"{record.status}: {record.message} ({len(record.steps)} steps: backup, write, compile check, "
                "restart, a real request)" if record.status == "deployed" else
                f"{record.status}: {record.message or record.problem}", t0)
@@ -445,23 +505,24 @@ def _patch(story: _Story, deployment, release: str) -> None:
     # The requests the wedge stranded at the decode fail once it notices the restarted prefill;
     # their failures would pass for our kill's, so the proof is the prefill's own line: an
     # ABORT it received and handled. Kill again (as a storm would) until one arrives.
-    _wait_until(lambda: _twin_state(deployment.decode)["transfer_queue"] == 0, 60.0)
+    if not is_real(deployment):  # the real deploy restarted the decode too (0.5.15): nothing stranded there
+        _wait_until(lambda: _twin_state(deployment.decode)["transfer_queue"] == 0, 60.0)
     handled_before, attempts, detail = _aborts_handled(deployment), 0, ""
     while attempts < KILL_ATTEMPTS and _aborts_handled(deployment) == handled_before:
         attempts += 1
         detail = kill_client_during_transfer_wait(deployment)
-        _wait_until(lambda: _aborts_handled(deployment) > handled_before, 20.0)
+        _wait_until(lambda: _aborts_handled(deployment) > handled_before, 20.0, _poll(deployment))
     received = _aborts_handled(deployment) > handled_before
     story.step("patch", "the same kill", received,
                ("client killed while its KV was pending; the decode's ABORT reached the patched prefill"
                 if received else f"no ABORT reached the patched prefill ({detail})")
                + (f" ({attempts} clients killed)" if attempts > 1 else ""), t0)
     t0 = time.monotonic()
-    alive = _wait_until(lambda: _bootstrap_alive(deployment), 5.0)
+    alive = _wait_until(lambda: _bootstrap_alive(deployment), 5.0, _poll(deployment))
     story.step("patch", "prefill bootstrap thread", bool(alive),
                "alive after the ABORT" if alive else "DEAD after the ABORT", t0)
     t0 = time.monotonic()
-    completed, detail = generate(deployment.router, timeout=30.0)
+    completed, detail = generate(deployment.router, timeout=_request_timeout(deployment))
     story.step("patch", "a new request after the kill", completed, detail, t0)
     t0 = time.monotonic()
     logs = scan(sorted(deployment.directory.glob("*.log")))
@@ -476,6 +537,10 @@ def _aborts_handled(deployment) -> int:
     """How many ABORTs the prefill's loop has logged as received (the patched loop logs each)."""
     from forensics.logs import scan
 
+    if is_real(deployment):
+        from forensics.engine import state
+
+        return state.aborts_handled(deployment)
     events = scan([deployment.directory / "prefill.log"]).events
     return int((events["signature"] == "abort_received").sum())
 
@@ -489,11 +554,19 @@ def _validate(story: _Story, deployment, sessions: int, cycles: int) -> None:
     # can finish before the nemesis strikes, and a campaign without aborts proves nothing.
     # The killed clients' prefills still run after the storm (sglang does not cancel them), so a
     # liveness request waits behind them: give it the time they take.
-    campaign = fx.validate(deployment, cycles=cycles, sessions=sessions, prompt_tokens=6000, max_tokens=16,
-                           phase="kv", kill_after=0, sample_s=3, probe_deadline_s=30)
-    story.investigation.add_campaign(campaign, about="the patched twin under the abort storm")
+    if is_real(deployment):  # the storm's defaults: 3,000 tokens is seconds of the slow-prefill model's prefill
+        campaign = fx.validate(deployment, cycles=cycles, sessions=sessions, max_tokens=16, phase="kv", kill_after=0)
+    else:
+        campaign = fx.validate(deployment, cycles=cycles, sessions=sessions, prompt_tokens=6000, max_tokens=16,
+                               phase="kv", kill_after=0, sample_s=3, probe_deadline_s=30)
+    story.investigation.add_campaign(campaign, about=f"the patched deployment ({ENGINE_WORDS[_engine(deployment)]}) "
+                                                     "under the abort storm")
     story.step("validate", f"campaign, {sessions} sessions x {cycles} cycle(s)", campaign.status == "PASS",
                campaign.summary(), t0)
+
+
+def _engine(deployment) -> str:
+    return "sglang" if is_real(deployment) else "twin"
 
 
 def _report(story: _Story, out: Path) -> None:

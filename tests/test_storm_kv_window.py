@@ -10,13 +10,13 @@ attributes the kills to the decode's prealloc / transfer queue from the decode's
 from __future__ import annotations
 
 import json
-import re
 import socket
 import time
 
 import pandas as pd
 import pytest
 from cli_helpers import invoke
+from storm_helpers import check_kills
 
 import forensics.twin as twin_api
 from forensics.collectors.metrics import parse_exposition
@@ -48,23 +48,6 @@ def _run(argv: tuple[str, ...], inventory, out_dir) -> tuple[int, dict, pd.DataF
     return status, doc, history, err
 
 
-def _check_kills(doc: dict, history: pd.DataFrame, decode_log: str, sessions: int) -> None:
-    """Every strike was chosen by the decode's counter; the aborts are the decode's own lines per rid."""
-    [cycle] = doc["cycles"]
-    storm = cycle.get("storm", cycle)
-    assert storm["strikes"] and {s["observed_by"] for s in storm["strikes"]} == {observer.BY_DECODE}, storm["strikes"]
-    assert all(s["arrived_at_decode"] >= s["held"] for s in storm["strikes"] if s["held"])
-    assert len(history) == sessions
-    hit = history[history["phase_attributed"].isin(["prealloc", "transfer"])]
-    assert len(hit) >= 1 and hit["killed"].all(), history[["rid", "killed", "phase_attributed"]]
-    assert set(hit["phase_at_kill"]) <= {"sent", "waiting"}  # out, no token yet: while the KV was pending
-    for row in hit.itertuples():
-        queue = "handshake" if row.phase_attributed == "prealloc" else "transfer"
-        assert re.search(rf"Decode {queue} failed for request rank=0 decode_req\.req\.rid='{row.rid}' "
-                         rf"decode_req\.req\.bootstrap_room={row.room} with exception .*Aborted by AbortReq\.",
-                         decode_log), row.rid
-
-
 @pytest.mark.server
 @pytest.mark.timeout(240)
 def test_unpatched_twin_fails_validate_and_storm_with_the_default_options(tmp_path_factory, leak_guard):
@@ -75,7 +58,7 @@ def test_unpatched_twin_fails_validate_and_storm_with_the_default_options(tmp_pa
             status, doc, history, err = _run(argv, twin.inventory_path, tmp_path_factory.mktemp("campaign"))
             assert status == 1, (argv[0], doc.get("summary"), err[-2000:])
             assert doc.get("campaign", doc["status"]) == ("FAIL" if argv[0] == "validate" else "wedged")
-            _check_kills(doc, history, twin.log_text("decode"), sessions)
+            check_kills(doc, history, twin.log_text("decode"), sessions)
             assert "AssertionError: First message should be b'NixlMsgGuard'. Foreign traffic?" in twin.log_text("prefill")
             print(f"{argv[0]} unpatched: {time.monotonic() - started:.1f} s")
         finally:
@@ -92,7 +75,7 @@ def test_patched_twin_passes_validate_and_storm_with_the_default_options(tmp_pat
             status, doc, history, err = _run(argv, twin.inventory_path, tmp_path_factory.mktemp("campaign"))
             assert status == 0, (argv[0], doc.get("summary"), err[-2000:])
             assert doc.get("campaign", doc["status"]) == ("PASS" if argv[0] == "validate" else "healthy")
-            _check_kills(doc, history, twin.log_text("decode"), sessions)
+            check_kills(doc, history, twin.log_text("decode"), sessions)
             print(f"{argv[0]} patched: {time.monotonic() - started:.1f} s")
     finally:
         twin.down()

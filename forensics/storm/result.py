@@ -26,6 +26,7 @@ class CycleResult:
     aborts_sent: int
     strikes: list[dict] = field(default_factory=list)  # per wave: killed, spread_s, after_signal_s
     evidence: Any = field(default=None, repr=False)
+    drained: Any = None  # forensics.storm.drain.Drain: the wait for /health 200 before the check
 
     @property
     def abort_count(self) -> int:
@@ -36,7 +37,10 @@ class CycleResult:
                 "reasons": list(self.verdict.reasons), "kill_chain": list(self.verdict.kill_chain),
                 "killed": self.killed, "aborts": dict(self.aborts), "abort_count": self.abort_count,
                 "prefill_abort_frames": self.prefill_abort_frames, "aborts_sent": self.aborts_sent,
-                "strikes": list(self.strikes)}
+                "strikes": list(self.strikes),
+                "drained": None if self.drained is None else {"seconds": self.drained.seconds,
+                                                               "healthy": self.drained.healthy,
+                                                               "waiting_for": list(self.drained.waiting_for)}}
 
 
 @dataclass

@@ -27,7 +27,7 @@ import pandas as pd
 from forensics.collection.run import as_inventory
 from forensics.exitcodes import UsageProblem
 
-from . import checker, client, generator, history, nemesis, observer
+from . import checker, client, drain, generator, history, nemesis, observer
 from .plan import ConfirmationNeeded, StormPlan
 from .result import CycleResult, StormResult
 
@@ -119,6 +119,10 @@ def run_storm(target: Any, *, yes: bool = False, progress: Progress | None = Non
         watch = observer.KvObserver(observer.DecodeArrivals(
             [(e.name or e.role, e.url) for e in inv.engines_with("decode")], generator.ENDPOINT))
         states, strikes, pids = _run_coroutine(_cycle(plan, specs, cycle, progress, watch))
+        # The killed sessions' prefills may still run (seconds to minutes on real sglang): check
+        # once the servers answer /health again (a wedged prefill's stays 200), not while busy.
+        _tell(progress, cycle=cycle, stage="draining", sessions=len(specs))
+        drained = drain.wait_until_serving(inv, drain.cap_for(inv))
         _tell(progress, cycle=cycle, stage="checking", sessions=len(specs))
         since = started.floor("s") - pd.Timedelta(seconds=1)  # log lines carry whole seconds
         check = checker.check(inv if inv.path is None else inv.path, since=since, rids={s.rid for s in specs},
@@ -131,7 +135,7 @@ def run_storm(target: Any, *, yes: bool = False, progress: Progress | None = Non
         cycles.append(CycleResult(cycle=cycle, started=started.isoformat(), verdict=check.verdict,
                                   killed=sum(1 for r in cycle_rows if r["killed"]), aborts=counts,
                                   prefill_abort_frames=check.prefill_abort_frames, aborts_sent=check.aborts_sent,
-                                  strikes=strikes, evidence=check.evidence))
+                                  strikes=strikes, evidence=check.evidence, drained=drained))
         _tell(progress, cycle=cycle, stage=f"verdict {check.verdict.verdict}", sessions=len(specs))
         if check.verdict.verdict != "HEALTHY":
             break

@@ -1,0 +1,66 @@
+"""After a cycle's kills, before the check: wait (bounded) until every server answers ``/health`` again.
+
+sglang does not cancel a killed session's prefill at once: on real sglang with a model whose
+prefill of 3,000 tokens takes seconds (minutes on a loaded 2-core machine), the prefill scheduler
+is still computing the storm's chunks when the checker would sample, and sglang's own health
+check then answers 503 ("Server couldn't get a response from detokenizer for last 20 seconds").
+A check at that moment reads a busy engine as DEGRADED, which says nothing about the fix.
+
+So the storm waits, by observation and not by a timer, until each prefill and decode answers
+``GET /health`` with 200 (its own verdict that it can serve: sglang's ``/health`` runs a
+generation), at most ``cap_s``. This cannot hide the wedge: a wedged 0.5.15 prefill's
+``/health`` stays 200 (that is the incident), so the check comes at once and finds it. After the
+cap, the check runs anyway and reports what it sees. On the twin ``/health`` answers at once.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+DEFAULT_CAP_S = 300.0  # sglang's default SGLANG_DISAGGREGATION_WAITING_TIMEOUT: every pending request resolved
+HEALTH_TIMEOUT_S = 30.0  # one /health; sglang's own health check gives up after 20 s
+POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Drain:
+    seconds: float
+    healthy: bool  # every server answered 200 within the cap
+    waiting_for: tuple[str, ...]  # the servers still not answering 200 at the cap
+
+
+def cap_for(inventory) -> float:
+    """The cap: the decode's waiting timeout when the inventory records it (a twin's or real-engine
+    deployment's ``[twin] waiting_timeout_s``), else sglang's default."""
+    value = (inventory.twin or {}).get("waiting_timeout_s")
+    try:
+        return max(float(value), 30.0) if value is not None else DEFAULT_CAP_S
+    except (TypeError, ValueError):
+        return DEFAULT_CAP_S
+
+
+def _health(url: str, timeout: float) -> int | None:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return None
+
+
+def wait_until_serving(inventory, cap_s: float) -> Drain:
+    """Poll every prefill's and decode's ``/health`` until all answer 200, at most ``cap_s`` seconds."""
+    servers = [(e.name or e.role, e.url) for e in inventory.engines if e.role in ("prefill", "decode") and e.url]
+    started = time.monotonic()
+    waiting = [name for name, _ in servers]
+    while True:
+        remaining = cap_s - (time.monotonic() - started)
+        waiting = [name for name, url in servers if name in waiting
+                   and _health(url, max(1.0, min(HEALTH_TIMEOUT_S, remaining))) != 200]
+        if not waiting or time.monotonic() - started >= cap_s:
+            return Drain(round(time.monotonic() - started, 3), not waiting, tuple(waiting))
+        time.sleep(POLL_S)
