@@ -97,6 +97,9 @@ def _no_leaked_processes_or_ports(request):
 
 
 def pytest_collection_modifyitems(config, items):
+    # The real-engine modules are the longest (a deployment each, minutes): they go first, so that
+    # pytest-xdist (a file per worker, handed out in collection order) does not end on one of them.
+    items.sort(key=lambda item: 0 if "engine" in item.keywords else 1)
     if os.environ.get(LIVE_INVENTORY_ENV):
         return
     skip_live = pytest.mark.skip(reason=f"live test: set {LIVE_INVENTORY_ENV} to a real deployment's inventory")

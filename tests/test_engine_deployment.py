@@ -33,7 +33,7 @@ from forensics.exitcodes import ExitStatus
 VERSION = "0.5.15"
 WAITING_TIMEOUT_S = 10
 GUARD = "AssertionError: First message should be b'NixlMsgGuard'. Foreign traffic?"
-pytestmark = [pytest.mark.server, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.server, pytest.mark.engine, pytest.mark.timeout(1800)]
 
 
 def enough_memory(gib: float = 7.0) -> None:

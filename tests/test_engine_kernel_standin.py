@@ -17,6 +17,8 @@ import pytest
 from forensics.engine import environment, kernel_standin, pins
 from forensics.exitcodes import EnvironmentProblem
 
+pytestmark = pytest.mark.engine
+
 RELEASE = "0.5.16"
 CHECKS = Path(__file__).with_name("kernel_standin_checks.py")
 

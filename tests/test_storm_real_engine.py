@@ -24,7 +24,7 @@ from forensics.engine.deployment import attach
 
 STORM = ("--sessions", "8", "--cycles", "1", "--phase", "kv")
 GUARD = "AssertionError: First message should be b'NixlMsgGuard'. Foreign traffic?"
-pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.server, pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
 @pytest.fixture(scope="module")
