@@ -35,9 +35,14 @@ from forensics.exitcodes import EnvironmentProblem, UsageProblem
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 300.0  # ~25 s alone; much more on 2 cores shared with other work
 STOP_TIMEOUT_S = 20.0
+# --mem-fraction-static: on a CPU sglang measures the machine's available memory before and after
+# loading the weights and refuses to start when the drop exceeds 1 - fraction ("Loaded weights leave
+# no GPU memory for the KV cache ... Raise --mem-fraction-static above 0.123", seen at 0.1 on a
+# machine where other engines were allocating meanwhile). The KV pool stays capped by
+# --max-total-tokens, so a larger fraction costs no memory; 0.3 tolerates others' allocations.
 SERVER_FLAGS = (
     "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--enable-metrics",
-    "--max-total-tokens", "8192", "--mem-fraction-static", "0.1", "--host", HOST,
+    "--max-total-tokens", "8192", "--mem-fraction-static", "0.3", "--host", HOST,
 )
 
 
