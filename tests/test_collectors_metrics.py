@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pandas as pd
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from forensics.collectors import metrics as mc
@@ -126,7 +127,9 @@ def test_parser_agrees_with_prometheus_client(version):
     twin.transfer_failed.inc(3)
     twin.observe_transfer(0.012, 3 * 10**6, 0.004)
     twin.observe_stage("prefill_bootstrap", 0.2)
-    text = twin.exposition().decode()
+    twin.e2e_latency.observe(0.3)
+    # prometheus_client's own page of the registry (``_created`` included), not the multiprocess view
+    text = generate_latest(twin.registry).decode()
     page = mc.parse_exposition(text)
     theirs = {(s.name, tuple(sorted(s.labels.items()))): float(s.value)
               for family in text_string_to_metric_families(text) for s in family.samples}
@@ -310,6 +313,7 @@ def test_scrape_two_releases_at_10hz(servers):
     ok_rows = samples[samples["metric"] == mc.SCRAPE_OK_METRIC]
     assert len(ok_rows) == len(scrapes) and (ok_rows["value"] == 1.0).all()
     for host, server_page in (("p-old", TwinMetrics("0.5.11", "prefill")), ("p-new", TwinMetrics("0.5.15", "prefill"))):
+        server_page.transfer_failed.inc(5)  # what twin_page writes before its first page: the counter shows
         expected = len(mc.parse_exposition(server_page.exposition())) + 1
         assert (per_scrape[host] == expected).all()
     assert samples["error"].isna().all() and samples["scrape_ok"].all()

@@ -58,11 +58,14 @@ async def _stream_all(router: str, count: int) -> list[dict]:
 
 
 def _transfers_counted(prefill: str) -> int:
-    """The prefill's ``sglang:kv_transfer_latency_ms_count`` (one sample per KV transfer)."""
+    """The prefill's ``sglang:kv_transfer_latency_ms_count`` (one sample per KV transfer); 0 before the
+    first transfer, when the family is not on the page yet (as in sglang's multiprocess mode)."""
     metrics = httpx.get(prefill + "/metrics").text
     found = re.search(r'^sglang:kv_transfer_latency_ms_count\{engine_type="prefill"[^}]*\} (\d+(?:\.\d+)?)$',
                       metrics, re.M)
-    assert found, metrics[-2000:]
+    if found is None:
+        assert "# TYPE sglang:kv_transfer_latency_ms " not in metrics, metrics[-2000:]
+        return 0
     return int(float(found.group(1)))
 
 

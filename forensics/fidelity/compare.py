@@ -114,7 +114,7 @@ class FidelityReport:
         return pd.DataFrame([[getattr(d, c) for c in COLUMNS] for d in self.differences], columns=list(COLUMNS))
 
     def to_dict(self) -> dict:
-        return {"release": self.release, "status": "differences" if self.unallowed else "faithful",
+        return {"release": self.release, "verdict": "differences" if self.unallowed else "faithful",
                 "differences": [d.__dict__ for d in self.differences], "figures": self.figures,
                 "counts": dict(Counter(d.aspect for d in self.unallowed)), "notes": self.notes}
 

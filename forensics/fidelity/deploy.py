@@ -24,6 +24,8 @@ WAITING_TIMEOUT_S = 60.0  # above a fresh real engine's first request on a loade
 TWIN_WAITING_TIMEOUT_S = 20.0
 TWIN_PREFILL_RATE_TPS = 300.0  # the twin's 3000-token prefill takes ~10 s, as the real one's takes seconds
 REAL_MODEL = "slow-prefill"
+# A server is ready in ~25 s alone; on 2 cores shared with other real engines it took 216 s and more.
+REAL_READY_TIMEOUT_S = 900.0
 
 
 @contextlib.contextmanager
@@ -46,12 +48,12 @@ def real_engine(version: str, *, waiting_timeout_s: float = WAITING_TIMEOUT_S, d
             decode = launch.start_server(env, built.path, "decode", decode_port, where / "decode.log",
                                          env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": f"{waiting_timeout_s:g}"})
             started.append(decode)
-            prefill.wait_ready()
-            decode.wait_ready()
+            prefill.wait_ready(REAL_READY_TIMEOUT_S)
+            decode.wait_ready(REAL_READY_TIMEOUT_S)
             router = launch.start_router(env, prefill.url, bootstrap_port, decode.url, router_port,
                                          where / "router.log")
             started.append(router)
-            router.wait_ready()
+            router.wait_ready(REAL_READY_TIMEOUT_S)
             yield Target("real", version, router.url, {
                 "prefill": RoleTarget("prefill", prefill.url, prefill.log_file, prefill.pid),
                 "decode": RoleTarget("decode", decode.url, decode.log_file, decode.pid)}, waiting_timeout_s)
