@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ROLES = ("prefill", "decode", "router")
 MODEL = "slow-prefill"
 GIB = 1 << 30
+KILL_ATTEMPTS = 3
 
 
 # ------------------------------------------------------------------------------- deployments
@@ -102,17 +103,23 @@ def kill_to_wedged(dep, deadline_s: float = 600.0) -> dict:
     try:
         _wait(lambda: changes and changes[-1][1] != "WEDGED", deadline_s, "a first verdict")
         before = len(changes)
-        closed: list[float] = []
-        detail = kill_client_during_transfer_wait(dep, on_close=lambda: closed.append(time.time()))
-        if not closed:
-            raise RuntimeError(f"no client was killed: {detail}")
+        # A kill can land outside the KV wait on a loaded machine (then nothing is aborted): kill again,
+        # as the demo does, and time from the kill the decode aborted.
+        attempts = 0
+        for attempts in range(1, KILL_ATTEMPTS + 1):  # noqa: B007 - the count is reported
+            closed: list[float] = []
+            detail = kill_client_during_transfer_wait(dep, on_close=lambda seen=closed: seen.append(time.time()))
+            if closed and "decode aborted" in detail:
+                break
+        else:
+            raise RuntimeError(f"no kill made the decode abort in {KILL_ATTEMPTS} attempts: {detail}")
         killed = closed[0]
         _wait(lambda: any(v == "WEDGED" for _, v in changes[before:]), deadline_s, "WEDGED")
     finally:
         stop.set()
         thread.join(120)
     reported = next(t for t, v in changes[before:] if v == "WEDGED")
-    return {"detail": detail, "kill_to_wedged_s": reported - killed, "verdicts": " -> ".join(v for _, v in changes)}
+    return {"detail": detail, "attempts": attempts, "kill_to_wedged_s": reported - killed, "verdicts": " -> ".join(v for _, v in changes)}
 
 
 def _wait(predicate, timeout: float, what: str):

@@ -22,7 +22,9 @@ are the abort lines ``Decode handshake failed`` / ``Decode transfer failed``, wh
 afterwards where each kill landed: :mod:`forensics.storm.checker`). When no decode answers
 with the counter (metrics off, an unreachable page), the client's own evidence stands in:
 response headers (a router that relays the decode's answer) or ``CLIENT_GRACE_S`` since the
-request went out; each strike records which evidence chose it (``observed_by``).
+request went out; each strike records which evidence chose it (``observed_by``). A real decode's
+``/metrics`` can take seconds to answer mid-storm on a loaded machine: the count before the cycle
+is tried ``BASELINE_TRIES`` times, and a later scrape that misses keeps the last count.
 
 Other traffic to the same endpoint of the decode during the storm counts as arrivals too:
 on a live deployment the observer may then call a session held slightly early.
@@ -38,7 +40,8 @@ from .client import SessionState
 
 ARRIVALS_METRIC = "sglang:http_requests_total"
 CLIENT_GRACE_S = 0.5  # no decode count: this long after the request went out, the router has forwarded it
-SCRAPE_TIMEOUT_S = 2.0
+SCRAPE_TIMEOUT_S = 10.0  # a real decode's /metrics takes 1.2 s idle on a loaded 2-core machine, more mid-storm
+BASELINE_TRIES = 3  # the count before the cycle: without it the whole cycle falls back to the client
 BY_DECODE = "decode-metrics"
 BY_CLIENT = "client"
 
@@ -96,15 +99,23 @@ class KvObserver:
 
     def start(self) -> None:
         """The count before the cycle's first request (called before any session is sent)."""
-        self.baseline = self.arrivals.count()
+        for _ in range(BASELINE_TRIES):
+            self.baseline = self.arrivals.count()
+            if self.baseline is not None:
+                self.arrived = 0
+                return
 
     def refresh(self) -> None:
         if self.baseline is None:
             self.arrived = None
             return
         now = self.arrivals.count()
+        if now is None:
+            # One scrape missed (a busy decode answering late): keep the last count. The counter only
+            # grows, so the last value under-counts and never makes a session look held too early.
+            return
         # A count lower than the baseline is a restarted decode: count from 0, as Prometheus does.
-        self.arrived = None if now is None else (now - self.baseline if now >= self.baseline else now)
+        self.arrived = now - self.baseline if now >= self.baseline else now
 
     @property
     def source(self) -> str:
