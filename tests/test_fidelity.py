@@ -27,7 +27,7 @@ from forensics.fidelity import compare, deploy
 from forensics.fidelity.capture import capture_deployment
 
 # The real pair takes ~50 s to start on an idle 2-core machine, several minutes on a loaded one.
-pytestmark = [pytest.mark.server, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.server, pytest.mark.engine, pytest.mark.timeout(1500)]
 
 VERSION = "0.5.15"
 STORED = Path(__file__).parent / "data" / "real-engine-0.5.15" / "capture.json"
