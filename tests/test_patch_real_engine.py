@@ -65,7 +65,7 @@ def release():
     return release_conn(VERSION)
 
 
-def patch(*args: str, timeout: float = 900):
+def patch(*args: str, timeout: float = 2400):  # two real restarts: minutes each on a loaded machine
     started = time.monotonic()
     done = run_forensics("patch", *args, timeout=timeout)
     print(f"\npatch {args[0]}: exit {done.returncode} in {time.monotonic() - started:.1f} s")
