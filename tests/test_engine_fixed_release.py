@@ -24,7 +24,7 @@ from forensics.engine import environment, launch, model
 
 RELEASE = "0.5.16"
 PROMPT_WORDS = 3000
-WAITING_TIMEOUT_S = 30  # a 3000-token prefill takes longer here (38.6 s the first time on a quiet machine)
+WAITING_TIMEOUT_S = 60  # three 3000-token prefills in a row take longer (38.6 s the first on a quiet machine)
 TIMED_OUT = re.compile(r"timed out after [0-9.]+s in KVPoll\.WaitingForInput")
 READY_S = 900  # launch's 300 s default is not enough with other sessions' engines on 2 cores
 
@@ -79,7 +79,7 @@ def log_text(process: launch.EngineProcess) -> str:
 
 @pytest.mark.slow
 @pytest.mark.server
-@pytest.mark.timeout(2700)
+@pytest.mark.timeout(3600)
 def test_a_waiting_timeout_abort_leaves_bootstrap_thread_alive_and_the_next_request_answers(tmp_path):
     env = environment.prepare(RELEASE)
     slow = model.build("slow-prefill", env.python)
@@ -99,26 +99,25 @@ def test_a_waiting_timeout_abort_leaves_bootstrap_thread_alive_and_the_next_requ
         scheduler = scheduler_pid(prefill)
         assert has_bootstrap_thread(thread_names(env, scheduler))
         short = {"text": model.prompt_words(16), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
-        post(router.url + "/generate", short)
-
-        batches_before = log_text(prefill).count("Prefill batch")
-        long_request = threading.Thread(target=send_ignoring_the_answer, daemon=True, args=(router.url + "/generate", {
-            "text": model.prompt_words(PROMPT_WORDS), "sampling_params": {"max_new_tokens": 8, "temperature": 0}}))
-        long_request.start()
+        # Three long prompts that share no prefix (so no prefix-cache hit shortens them), sent together:
+        # the prefill computes them one after another, so at least the last waits past the timeout.
+        words = model.prompt_words(PROMPT_WORDS).split()
         sent = time.monotonic()
+        for shift in (0, 1000, 2000):
+            text = " ".join(words[shift:] + words[:shift])
+            threading.Thread(target=send_ignoring_the_answer, daemon=True, args=(router.url + "/generate", {
+                "text": text, "sampling_params": {"max_new_tokens": 4, "temperature": 0}})).start()
         # The decode gives up waiting for the KV and sends ABORT for the room (the frame 0.5.15's loop dies on).
-        wait_for(lambda: TIMED_OUT.search(log_text(decode)) is not None, 900, "the decode's waiting timeout")
+        wait_for(lambda: TIMED_OUT.search(log_text(decode)) is not None, 1200, "the decode's waiting timeout")
         figures["waiting timeout after"] = round(time.monotonic() - sent, 1)
-        # The prefill finishes computing the aborted room's prompt; its loop must still be there.
-        wait_for(lambda: log_text(prefill).count("Prefill batch") > batches_before, 900, "the long prefill ran")
         names = thread_names(env, scheduler)
         assert has_bootstrap_thread(names), f"bootstrap_thread is gone: {names}"
         assert "Foreign traffic" not in log_text(prefill) and "AssertionError" not in log_text(prefill)
 
-        # Requests sent while the prefill still computes the aborted prompt fail by the same 30 s timeout;
+        # Requests sent while the prefill still computes the long prompts fail by the same waiting timeout;
         # one sent after it answers (on a wedged prefill none ever would).
         started, attempts, answer = time.monotonic(), 0, None
-        while answer is None and time.monotonic() - started < 900:
+        while answer is None and time.monotonic() - started < 1500:
             attempts += 1
             try:
                 answer = post(router.url + "/generate", short, timeout=300)
