@@ -1,7 +1,9 @@
 """The storm and the demo on real sglang: the same commands, with their default options, as on the twin.
 
-One real deployment for the storm tests (0.5.15, the slow-prefill model, sglang's default waiting
-timeout), started through the CLI as a user would: ``storm --sessions 8 --cycles 1 --phase kv``
+One real deployment for the storm tests (0.5.15, the tiny model, sglang's default waiting timeout),
+started through the CLI as a user would (the decode preallocates at most two 3,000-token sessions
+at a time in its 8,192 tokens, so the others wait in its prealloc queue; with the slow-prefill
+model a loaded machine spends minutes on the killed sessions' prefills): ``storm --sessions 8 --cycles 1 --phase kv``
 exits 1 on it unpatched (WEDGED: the GUARD assertion in the real prefill's log), ``patch deploy``
 restarts its prefill and decode with the fix, and the same storm then exits 0 (HEALTHY). Each kill
 was chosen by the real decode's own arrival counter (``observed_by: decode-metrics``) and each
@@ -31,7 +33,7 @@ pytestmark = [pytest.mark.server, pytest.mark.engine, pytest.mark.slow, pytest.m
 def real(tmp_path_factory):
     enough_memory()
     directory = tmp_path_factory.mktemp("storm-engine") / "pd"
-    result = run_forensics("twin", "up", "--engine", "sglang", "--model", "slow-prefill", "--dir", str(directory),
+    result = run_forensics("twin", "up", "--engine", "sglang", "--model", "tiny", "--dir", str(directory),
                            "--json", timeout=1500)
     assert result.returncode == 0, result.stderr
     deployment = attach(one_document(result.stdout)["inventory"])

@@ -11,6 +11,7 @@ So the storm waits, by observation and not by a timer, until each prefill and de
 generation), at most ``cap_s``. This cannot hide the wedge: a wedged 0.5.15 prefill's
 ``/health`` stays 200 (that is the incident), so the check comes at once and finds it. After the
 cap, the check runs anyway and reports what it sees. On the twin ``/health`` answers at once.
+How long the 200s took sets the check's health deadlines (:meth:`Drain.probe_deadlines`).
 """
 
 from __future__ import annotations
@@ -25,11 +26,32 @@ HEALTH_TIMEOUT_S = 30.0  # one /health; sglang's own health check gives up after
 POLL_S = 1.0
 
 
+HEALTH_MARGIN = 3.0  # the check's health deadlines: this many times the slowest 200 seen here
+MAX_HEALTH_DEADLINE_S = 30.0
+
+
 @dataclass(frozen=True)
 class Drain:
     seconds: float
     healthy: bool  # every server answered 200 within the cap
     waiting_for: tuple[str, ...]  # the servers still not answering 200 at the cap
+    health_s: float = 0.0  # the slowest of the servers' 200 answers: how fast this deployment answers now
+
+    def probe_deadlines(self, given: dict | None) -> dict[str, float]:
+        """The check's probe deadlines: the ones ``given``, else for ``health`` and ``health_generate``
+        the probes' defaults raised to ``HEALTH_MARGIN`` times the slowest healthy answer seen here.
+
+        A real engine on a loaded 2-core machine answers a patched, idle ``/health`` in 2 s where
+        the twin answers in milliseconds; the 2 s default then reads it as DEGRADED. Only health
+        deadlines move: a wedge is liveness failing while health passes, and liveness keeps its own."""
+        from forensics.probes import DEFAULT_DEADLINES_S
+
+        deadlines = dict(given or {})
+        for kind in ("health", "health_generate"):
+            if kind not in deadlines:
+                deadlines[kind] = max(DEFAULT_DEADLINES_S[kind],
+                                      min(MAX_HEALTH_DEADLINE_S, round(HEALTH_MARGIN * self.health_s, 1)))
+        return deadlines
 
 
 def cap_for(inventory) -> float:
@@ -42,14 +64,16 @@ def cap_for(inventory) -> float:
         return DEFAULT_CAP_S
 
 
-def _health(url: str, timeout: float) -> int | None:
+def _health(url: str, timeout: float) -> tuple[int | None, float]:
+    """(status, seconds) of one ``GET /health``; status None when nothing answered."""
+    started = time.monotonic()
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as response:
-            return response.status
+            return response.status, time.monotonic() - started
     except urllib.error.HTTPError as exc:
-        return exc.code
+        return exc.code, time.monotonic() - started
     except (OSError, ValueError):
-        return None
+        return None, time.monotonic() - started
 
 
 def wait_until_serving(inventory, cap_s: float) -> Drain:
@@ -57,10 +81,19 @@ def wait_until_serving(inventory, cap_s: float) -> Drain:
     servers = [(e.name or e.role, e.url) for e in inventory.engines if e.role in ("prefill", "decode") and e.url]
     started = time.monotonic()
     waiting = [name for name, _ in servers]
+    slowest = 0.0
     while True:
         remaining = cap_s - (time.monotonic() - started)
-        waiting = [name for name, url in servers if name in waiting
-                   and _health(url, max(1.0, min(HEALTH_TIMEOUT_S, remaining))) != 200]
+        still = []
+        for name, url in servers:
+            if name not in waiting:
+                continue
+            status, seconds = _health(url, max(1.0, min(HEALTH_TIMEOUT_S, remaining)))
+            if status == 200:
+                slowest = max(slowest, seconds)
+            else:
+                still.append(name)
+        waiting = still
         if not waiting or time.monotonic() - started >= cap_s:
-            return Drain(round(time.monotonic() - started, 3), not waiting, tuple(waiting))
+            return Drain(round(time.monotonic() - started, 3), not waiting, tuple(waiting), round(slowest, 3))
         time.sleep(POLL_S)

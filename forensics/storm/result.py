@@ -40,7 +40,8 @@ class CycleResult:
                 "strikes": list(self.strikes),
                 "drained": None if self.drained is None else {"seconds": self.drained.seconds,
                                                                "healthy": self.drained.healthy,
-                                                               "waiting_for": list(self.drained.waiting_for)}}
+                                                               "waiting_for": list(self.drained.waiting_for),
+                                                               "health_s": self.drained.health_s}}
 
 
 @dataclass

@@ -125,8 +125,10 @@ def run_storm(target: Any, *, yes: bool = False, progress: Progress | None = Non
         drained = drain.wait_until_serving(inv, drain.cap_for(inv))
         _tell(progress, cycle=cycle, stage="checking", sessions=len(specs))
         since = started.floor("s") - pd.Timedelta(seconds=1)  # log lines carry whole seconds
+        options = dict(collect_options or {})
+        options["deadlines_s"] = drained.probe_deadlines(options.get("deadlines_s"))
         check = checker.check(inv if inv.path is None else inv.path, since=since, rids={s.rid for s in specs},
-                              sample_s=plan.sample_s, **(collect_options or {}))
+                              sample_s=plan.sample_s, **options)
         cycle_rows = [_row(spec, states[spec.rid], pids.get(spec.rid), plan.mode, check) for spec in specs]
         rows.extend(cycle_rows)
         counts = {phase: 0 for phase in history.ATTRIBUTED}
