@@ -102,6 +102,29 @@ def test_nothing_passes_by_default():
     assert campaign.status == INCONCLUSIVE and campaign.exit_status == 3
 
 
+def _decode_counters(aborted: int, transfer_failed: int) -> pd.DataFrame:
+    rows = [("sglang:num_aborted_requests_total", aborted), ("sglang:num_transfer_failed_reqs_total", transfer_failed)]
+    return pd.DataFrame({"role": ["decode"] * 2, "host": ["decode-0"] * 2, "scrape_ok": [True] * 2, "ts": [1.0] * 2,
+                         "metric_canonical": [m for m, _ in rows], "value_int": [v for _, v in rows],
+                         "value": [float(v) for _, v in rows]})
+
+
+@pytest.mark.parametrize("aborted, transfer_failed, status", [
+    (17, 18, PASS),  # as real sglang 0.5.15 counted 18 transfer-queue aborts: the tokenizer saw 17 of them
+    (0, 18, FAIL),  # the abort counter never moved
+    (18, 17, FAIL),  # a transfer failure the decode did not count
+])
+def test_the_abort_counter_must_move_and_the_failure_counters_count_every_abort(aborted, transfer_failed, status):
+    before = {"decode-0": {"sglang:num_aborted_requests_total": 0, "sglang:num_transfer_failed_reqs_total": 0}}
+    cycle = _cycle(aborts={"prealloc": 0, "transfer": 18, "none": 2, "unknown": 0}, abort_count=18,
+                   evidence=SimpleNamespace(frames={"metrics": _decode_counters(aborted, transfer_failed)}, gaps=[]))
+    got = checks.metrics(cycle, before)
+    assert got.status == status, got.reason
+    table = got.evidence.set_index("metric")
+    assert table.loc["sglang:num_aborted_requests_total", "expected_at_least"] == 1
+    assert table.loc["sglang:num_transfer_failed_reqs_total", "expected_at_least"] == 18
+
+
 # ----------------------------------------------------------------------------- the acceptance flow
 
 
