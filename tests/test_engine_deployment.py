@@ -142,6 +142,7 @@ def test_a_port_in_use_is_refused_naming_it_and_nothing_starts(tmp_path):
     assert not clone.deployment_cache(directory).exists()
 
 
+@pytest.mark.slow
 def test_an_engine_that_crashes_during_start_up_is_quoted_and_nothing_is_left(tmp_path):
     """A bad flag (the test hook) makes the real prefill's argument parser exit during start-up."""
     enough_memory()
@@ -158,6 +159,7 @@ def test_an_engine_that_crashes_during_start_up_is_quoted_and_nothing_is_left(tm
     assert "unrecognized arguments" in (directory / "prefill.log").read_text()  # the logs stay, for the reason
 
 
+@pytest.mark.slow
 def test_a_router_that_is_not_ready_by_its_deadline_stops_everything(tmp_path):
     """The mini LB listens ~10 s after its start; a 1 s deadline is missed, and all three are stopped."""
     from forensics.engine import deployment, launch
@@ -173,6 +175,7 @@ def test_a_router_that_is_not_ready_by_its_deadline_stops_everything(tmp_path):
     assert not clone.deployment_cache(directory).exists()
 
 
+@pytest.mark.slow
 def test_a_killed_up_takes_its_engine_processes_with_it(tmp_path):
     """SIGKILL of ``twin up`` once all three are started: each lifeline shim reads end-of-file and
     kills its engine's process group; a later ``twin down`` on the inventory left behind tidies up."""
@@ -213,6 +216,7 @@ def real(tmp_path_factory):
             run_forensics("twin", "down", "--inventory", str(directory / "inventory.toml"), timeout=300)
 
 
+@pytest.mark.slow
 def test_the_deployment_is_an_inventory_and_records_with_no_sglang_source(real):
     deployment, document = real
     assert {"router", "prefill", "decode", "inventory"} <= set(document) and document["engine"] == "sglang"
@@ -252,6 +256,7 @@ def _tree_rss_mb(pid: int) -> int:
     return sum(proc.memory_info().rss for proc in [leader, *leader.children(recursive=True)]) // (1 << 20)
 
 
+@pytest.mark.slow
 def test_status_says_healthy_with_the_bootstrap_thread_alive_and_a_request_is_served(real):
     deployment, document = real
     result = run_forensics("twin", "status", "--inventory", document["inventory"], "--json", timeout=300)
@@ -293,6 +298,7 @@ def _answers(url: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_killed_router_restart_dies_with_its_launcher_and_a_restart_keeps_the_port(real):
     deployment, document = real
     _killed_restart_then_restart(deployment, document, "router", 1)
@@ -304,6 +310,7 @@ def test_a_killed_decode_restart_takes_its_scheduler_and_detokenizer_with_it(rea
     _killed_restart_then_restart(deployment, document, "decode", 3)  # HTTP server, scheduler, detokenizer
 
 
+@pytest.mark.slow
 def test_a_waiting_timeout_wedges_the_real_prefill_and_diagnose_says_wedged(real):
     """No client dies: the decode times out waiting for KV the busy prefill has not sent, sends ABORT."""
     from forensics.engine.model import prompt_words
@@ -337,6 +344,7 @@ def test_a_waiting_timeout_wedges_the_real_prefill_and_diagnose_says_wedged(real
         long_request.close()
 
 
+@pytest.mark.slow
 def test_down_ends_every_process_killing_the_wedged_prefill_and_removes_the_clone(real):
     deployment, document = real
     directory = deployment.directory

@@ -24,6 +24,7 @@ def test_an_unknown_model_size_is_a_usage_error():
 
 
 @pytest.mark.engine
+@pytest.mark.slow  # builds the environment when ./run test has not (CI does not yet)
 def test_a_prepared_environment_is_verified_and_named_with_its_models():
     # ./run test has built it before pytest; here it is verified (about 0.1 s) and reported.
     status, out, _err = invoke("engine", "prepare", "0.5.15", "--model", "tiny", "--json")

@@ -58,6 +58,7 @@ def _unallowed(report, *aspects):
     return [d for d in report.unallowed if d.aspect in aspects]
 
 
+@pytest.mark.slow
 def test_both_sides_went_through_every_event(real, twin):
     for side in (real, twin):
         assert side.outcomes["served"] == "200", side.outcomes
@@ -65,6 +66,7 @@ def test_both_sides_went_through_every_event(real, twin):
         assert "timed out after" in side.outcomes["waiting_timeout"], side.outcomes
 
 
+@pytest.mark.slow
 def test_metrics_families_types_labels_and_samples_match(report, real):
     assert not _unallowed(report, "metrics"), _unallowed(report, "metrics")
     for role in ("prefill", "decode"):
@@ -72,18 +74,22 @@ def test_metrics_families_types_labels_and_samples_match(report, real):
         assert report.figures["families"][role]["real"] == report.figures["families"][role]["twin"]
 
 
+@pytest.mark.slow
 def test_every_line_the_real_engine_wrote_is_recognised_by_forensics_logs(report):
     assert not _unallowed(report, "reader"), _unallowed(report, "reader")
 
 
+@pytest.mark.slow
 def test_the_twin_writes_the_same_signatures_per_event_in_the_real_formats(report):
     assert not _unallowed(report, "logs"), _unallowed(report, "logs")
 
 
+@pytest.mark.slow
 def test_the_endpoints_answer_with_the_same_status_and_keys(report):
     assert not _unallowed(report, "endpoints"), _unallowed(report, "endpoints")
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason="the twin runs one process per role (sglang: the HTTP server, its "
                    "scheduler, detokenizer and resource tracker), and its /generate lacks 0.5.15's timing keys "
                    "and output_ids: docs/fidelity.md, 'Not yet matched'")

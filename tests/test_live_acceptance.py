@@ -255,9 +255,12 @@ def test_a_command_timing_out_and_output_cut_at_the_byte_cap_are_recorded(twin, 
     ensure_wedged(twin)
     sleeper = _fake_program(tmp_path / "py-spy-hangs", "exec sleep 600")
     spewer = _fake_program(tmp_path / "py-spy-spews", "exec head -c 20000000 /dev/zero")
-    for program, state, word in ((sleeper, "timed_out", "timed out"), (spewer, None, "truncated")):
+    # The spewer gets a long deadline: 8 MiB through sshd must reach the byte cap before any deadline
+    # cuts it, even on a loaded machine (at 3 s a loaded run timed out first).
+    for program, state, word, deadline in ((sleeper, "timed_out", "timed out", 3.0),
+                                           (spewer, None, "truncated", 60.0)):
         inventory = ssh_inventory(twin, sshd, tmp_path / f"{state}.toml", py_spy=program)
-        evidence = fx.collect(inventory, sample_s=SAMPLE_S, command_timeout_s=3.0)
+        evidence = fx.collect(inventory, sample_s=SAMPLE_S, command_timeout_s=deadline)
         threads = [g for g in evidence.gaps if g.piece == "threads"]
         assert threads and all(word in g.reason for g in threads), [str(g) for g in evidence.gaps]
         if state:

@@ -37,7 +37,8 @@ GUARD = "First message should be b'NixlMsgGuard'. Foreign traffic?"
 WAITING_TIMEOUT_S = 120
 KILL_PROMPT_WORDS = 1000  # the slow-prefill model: seconds of prefill, the window in which the client dies
 ABORT_SEEN = "Received abort notification for room"  # the fix logs each ABORT it handles at INFO
-pytestmark = [pytest.mark.server, pytest.mark.engine, pytest.mark.timeout(1800)]
+# Out of CI for now: with the real engine the suite took 39 min here (budget 30); see issue 20's note.
+pytestmark = [pytest.mark.server, pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")

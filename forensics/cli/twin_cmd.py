@@ -36,9 +36,13 @@ def command() -> None:
 
 def _attach(inventory: str):
     """The deployment an inventory describes: the twin, or the real engine (``[twin] engine = "sglang"``)."""
-    from forensics.inventory import load
+    from forensics.inventory import InventoryError, load
 
-    if load(inventory).twin.get("engine") == "sglang":
+    try:
+        engine = load(inventory).twin.get("engine")
+    except InventoryError:
+        engine = None  # the twin's attach reports what is wrong with the file, as before
+    if engine == "sglang":
         from forensics.engine import deployment
 
         return deployment.attach(inventory)

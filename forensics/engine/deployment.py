@@ -387,7 +387,7 @@ def build_inventory(settings: TwinSettings, inventory_path: Path) -> Inventory:
     """The deployment's inventory: the engines' own URLs, the clone's interpreter and site-packages,
     one log per role, the schedulers' pid files (``bootstrap_thread`` lives in the prefill's)."""
     directory = Path(settings.directory)
-    python = str(roles.EngineEnvironmentView(settings.engine_env).python)
+    python = str(roles.EngineEnvironmentView(settings.engine_env, settings.sglang).python)
 
     def restart(role: str) -> str:
         return shlex.join([sys.executable, "-m", "forensics", "twin", "restart", role,

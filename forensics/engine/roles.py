@@ -38,8 +38,9 @@ READY_TIMEOUT_S = 600.0  # ~25-60 s alone; minutes on 2 cores shared with other 
 class EngineEnvironmentView:
     """What :mod:`launch` needs of an engine environment, for the deployment's clone."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, version: str) -> None:
         self.root = Path(root)
+        self.version = version  # the release: launch adds the flags it needs (0.5.16's prefill)
         self.python = self.root / "venv" / "bin" / "python"
 
 
@@ -59,7 +60,7 @@ def extra_args(role: str) -> tuple[str, ...]:
 
 
 def role_argv(settings: TwinSettings, role: str) -> list[str]:
-    env = EngineEnvironmentView(settings.engine_env)
+    env = EngineEnvironmentView(settings.engine_env, settings.sglang)
     prefill_url, decode_url = settings.url(settings.prefill_port), settings.url(settings.decode_port)
     if role == "router":
         return [*launch.router_argv(env, prefill_url, settings.bootstrap_port, decode_url, settings.router_port),
@@ -90,7 +91,7 @@ def start_role(settings: TwinSettings, role: str) -> HeldProcess:
     """Start ``role`` under its lifeline, appending to its log; its leader is recorded at once."""
     directory = Path(settings.directory)
     argv = role_argv(settings, role)
-    held = start_held(role, EngineEnvironmentView(settings.engine_env).python, argv,
+    held = start_held(role, EngineEnvironmentView(settings.engine_env, settings.sglang).python, argv,
                       records.log_file(directory, role), role_environment(settings, role))
     records.write_leader(directory, role, held.pid, held.create_time, argv)
     return held
