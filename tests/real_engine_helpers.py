@@ -8,6 +8,7 @@ import urllib.request
 
 import psutil
 import pytest
+import twin_helpers
 
 
 def enough_memory(gib: float = 7.0) -> None:
@@ -20,14 +21,8 @@ def enough_memory(gib: float = 7.0) -> None:
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+    """The twin tests' wait, polling a real engine ten times less often (its pages cost seconds)."""
+    return twin_helpers.wait_until(predicate, timeout, what, interval)
 
 
 def post(url: str, body: dict, timeout: float) -> dict:

@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 from cli_helpers import one_document, run_forensics
+from real_engine_helpers import post, wait_until
 
 from forensics.engine import clone, environment
 from forensics.engine.deployment import attach
@@ -60,23 +61,6 @@ def holders(directory: Path) -> set[int]:
         except OSError:
             continue
     return found
-
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-def post(url: str, body: dict, timeout: float) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as answer:
-        return json.loads(answer.read())
 
 
 def health(url: str) -> int:
