@@ -11,6 +11,7 @@ the restart and the liveness check are real.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import stat
@@ -232,9 +233,12 @@ def test_status_unreadable_is_exit_3(twin, wheel, tmp_path):
 @pytest.mark.parametrize("point", KILL_POINTS)
 def test_kill_at_each_step_leaves_original_or_patched(twin, sshd, wheel, patched_bytes, tmp_path, point, over):
     inventory, conn = fake_deployment(tmp_path, twin, wheel, sshd=sshd if over == "ssh" else None)
-    uploads_before = set(Path("/tmp").glob("pd-forensics-deploy.*"))
-    done = forensics("deploy", "--inventory", str(inventory), "--yes", "--json", env={KILL_ENV: point})
+    done = forensics("deploy", "--inventory", str(inventory), "--yes", env={KILL_ENV: point})
     assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr
+    # Its progress names the private upload directory it made (other workers' deploys make theirs
+    # in /tmp at the same time: only this one is the killed run's to clean up).
+    leftovers = set(re.findall(r"/tmp/pd-forensics-deploy\.[A-Za-z0-9]{8}", done.stderr))
+    assert len(leftovers) == 1 and all(Path(d).is_dir() for d in leftovers), done.stderr  # every point is after it
     now = conn.read_bytes()
     assert now in (wheel["original"], patched_bytes)
     assert now == (patched_bytes if point == "after-mv" else wheel["original"])
@@ -250,9 +254,8 @@ def test_kill_at_each_step_leaves_original_or_patched(twin, sshd, wheel, patched
         again = deploy_mod.deploy(inventory, yes=True, restart=True, liveness_deadline_s=LIVENESS_S)
         assert again.status == "already-patched" and [s.name for s in again.steps if s.name == "restart"]
     # The killed run's private upload directory stays (it could not remove it): ours to clean here.
-    for leftover in set(Path("/tmp").glob("pd-forensics-deploy.*")) - uploads_before:
-        if (leftover / "conn.py").is_file() and (leftover / "conn.py").read_bytes() == patched_bytes:
-            shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in leftovers:
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def test_unknown_kill_point_is_refused_before_anything(twin, wheel, tmp_path):

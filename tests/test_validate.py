@@ -177,8 +177,8 @@ def test_deploy_over_ssh_then_three_cycles_pass(twin, sshd, tmp_path_factory):
     state["ssh_inventory"] = inventory
     campaign = fx.validate(inventory, deploy=True, yes=True, cycles=3, liveness_deadline_s=LIVENESS_S, **STORM)
     state["patched"] = campaign
-    assert campaign.status == PASS and campaign.exit_status == 0, [
-        (c.cycle, c.name, c.status, c.reason) for c in campaign.checks if c.status != PASS]
+    assert campaign.status == PASS and campaign.exit_status == 0, "\n".join(  # a str: pytest shows it whole
+        f"cycle {c.cycle} {c.name} {c.status}: {c.reason}" for c in campaign.checks if c.status != PASS)
     assert campaign.deploy.status == PASS and campaign.deploy_record.status == "deployed"
     assert campaign.deploy_record.liveness["outcome"] == "ok"
     assert len(campaign.cycles) == 3 and all(len(cy.checks) == 4 for cy in campaign.cycles)

@@ -167,7 +167,12 @@ def _deploy_progress(as_json: bool):
 
     def show(step) -> None:
         colour = "green" if step.state == "ok" else "red"
-        console.print(f"[{colour}]{step.state:>6}[/] {step.engine}: {step.name} ({step.duration_s:.2f}s)")
+        # The detail names what a step made (the private upload directory among them): a deploy killed
+        # halfway leaves that directory behind, and this line is where its operator finds it again.
+        console.print(f"[{colour}]{step.state:>6}[/] {step.engine}: {step.name} ({step.duration_s:.2f}s)",
+                      end=": " if step.detail else "\n", soft_wrap=True)
+        if step.detail:  # never wrapped: a path split over two lines cannot be pasted
+            console.print(step.detail, markup=False, highlight=False, soft_wrap=True)
 
     return show
 
