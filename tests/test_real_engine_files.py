@@ -22,6 +22,7 @@ from forensics.diagnosis import decide
 from forensics.evidence import Evidence
 from forensics.fidelity import Capture, compare
 from forensics.fidelity.capture import metric_families
+from forensics.logs.findings import assess
 from forensics.threads import check_threads, expected_threads, parse_dump
 from forensics.threads import schema as thread_schema
 from forensics.threads.dump import ThreadDump
@@ -41,6 +42,29 @@ def test_every_line_real_sglang_wrote_is_recognised(scans):
     for role, scan in scans.items():
         assert int(scan.sources["lines_unknown"].sum()) == 0, (role, scan.unknown_samples)
         assert int(scan.sources["lines"].sum()) > 150
+
+
+def test_every_line_the_real_mini_load_balancer_wrote_is_recognised_and_its_errors_are_events(tmp_path):
+    """Bare logger messages ("[MiniLB] ..."), plain uvicorn start-up lines with no time, a
+    FastAPIDeprecationWarning and asyncio's "Unclosed connection" report: all in a known format.
+    uvicorn's "Exception in ASGI application" with its traceback is an error event (never clean);
+    an uvicorn ERROR line the catalogue does not know stays unknown, so the log is not read as whole."""
+    quiet = logs.scan([str(DATA / "router.log")], role="router")
+    assert int(quiet.sources["lines_unknown"].sum()) == 0, quiet.unknown_samples
+    assert len(quiet.events) == 0
+    text = (DATA / "router.log").read_text()
+    assert "[MiniLB] Overriding policy to random" in text and "INFO:     Started server process" in text
+    assert "Unclosed connection" in text and "FastAPIDeprecationWarning" in text
+    deployed = logs.scan([str(DATA / "router-wedge-and-deploy.log")], role="router")
+    assert int(deployed.sources["lines_unknown"].sum()) == 0, deployed.unknown_samples
+    assert list(deployed.events["signature"]) == ["asgi_exception", "asgi_exception"]
+    assessment = assess(deployed)
+    assert assessment.word == "findings" and [f.id for f in assessment.findings] == ["http_handler_errors"]
+    with_error = tmp_path / "router.log"
+    with_error.write_text(text + "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', "
+                          "30000): address already in use\n")
+    worse = logs.scan([str(with_error)], role="router")
+    assert int(worse.sources["lines_unknown"].sum()) == 1, worse.unknown_samples
 
 
 def test_the_prefill_log_shows_the_death_on_the_guard_assertion_with_bounded_time(scans):

@@ -43,6 +43,18 @@ TQDM_LINE = re.compile(rb"\r?[^\r\n]{0,120}?\d+%[^\r\n]{0,40}\| *\d+/\d+ \[")
 # Text printed with ANSI colours (sglang's deprecation notices: "\x1b[1;33m'--disable-cuda-graph' is
 # deprecated ...\x1b[0m").
 ANSI_LINE = re.compile(rb"\x1b\[[\d;]*m")
+# uvicorn's own lines under its default log config (sglang-router's mini load balancer runs it so, with
+# no time: "INFO:     Started server process [467]"); the level is padded to 8 characters plus a space.
+# Its ERROR and CRITICAL lines are left out on purpose: they stay lines in no known format, reported.
+UVICORN_PLAIN = re.compile(rb"(?:INFO|WARNING|DEBUG|TRACE): +\S")
+# sglang-router's mini load balancer logs through an unconfigured logger, so its messages come bare;
+# they carry their own prefix ("[MiniLB] Overriding policy to random", sglang_router/mini_lb.py).
+MINI_LB_LINE = re.compile(rb"\[MiniLB\] ")
+# asyncio's exception handler reporting an aiohttp object nobody closed (the mini load balancer's
+# client side, when the client it proxied for is gone): "Unclosed connection", then the object's repr
+# ("client_connection: Connection<ConnectionKey(host='127.0.0.1', ...)>").
+AIOHTTP_UNCLOSED = re.compile(rb"(?:Unclosed (?:connection|client session|connector)$"
+                              rb"|client_connection: Connection<|client_session: <aiohttp\.|connector: <aiohttp\.)")
 JOURNAL_META = re.compile(rb"-- (?:Boot [0-9a-f]+ --|No entries --|Logs begin at|Journal begins at|Reboot --)")
 RANK_PART = re.compile(rb"([A-Z_]+?)(\d+)")
 

@@ -23,17 +23,20 @@ import numpy as np
 from forensics.logs import batchlines, catalogue, classify_bulk, timestamps
 from forensics.logs.batchstore import MISSING, BatchStore
 from forensics.logs.lineformats import (
+    AIOHTTP_UNCLOSED,
     ANSI_LINE,
     GLOG_LINE,
     JOURNAL_ISO,
     JOURNAL_META,
     JOURNAL_PRECISE,
     LIBRARY_LINE,
+    MINI_LB_LINE,
     MONTH_PREFIXES,
     PYTHON_WARNING,
     SGLANG_PREFIX,
     TQDM_LINE,
     UVICORN_ACCESS,
+    UVICORN_PLAIN,
     WARNING_MAX_LINES,
     WARNING_SOURCE,
     parse_ranks,
@@ -905,7 +908,8 @@ class SourceScanner:
             return True
         if self.fmt == "plain":
             return bool(SGLANG_PREFIX.match(line) or UVICORN_ACCESS.match(line) or LIBRARY_LINE.match(line)
-                        or GLOG_LINE.match(line) or ANSI_LINE.match(line) or TQDM_LINE.match(line))
+                        or GLOG_LINE.match(line) or ANSI_LINE.match(line) or TQDM_LINE.match(line)
+                        or UVICORN_PLAIN.match(line) or MINI_LB_LINE.match(line) or AIOHTTP_UNCLOSED.match(line))
         if JOURNAL_META.match(line):
             return True
         return split_line(line, self.fmt) is not None
