@@ -97,9 +97,14 @@ def _no_leaked_processes_or_ports(request):
 
 
 def pytest_collection_modifyitems(config, items):
+    # pytest-xdist hands out whole files (--dist loadfile) in this order (--no-loadscope-reorder).
     # The real-engine modules are the longest (a deployment each, minutes): they go first, so that
-    # pytest-xdist (a file per worker, handed out in collection order) does not end on one of them.
-    items.sort(key=lambda item: 0 if "engine" in item.keywords else 1)
+    # a worker never ends the run on one of them; then, as xdist's own reorder would, the files
+    # with the most tests (a rough stand-in for the longest).
+    per_file: dict[str, int] = {}
+    for item in items:
+        per_file[item.nodeid.split("::", 1)[0]] = per_file.get(item.nodeid.split("::", 1)[0], 0) + 1
+    items.sort(key=lambda item: (0 if "engine" in item.keywords else 1, -per_file[item.nodeid.split("::", 1)[0]]))
     if os.environ.get(LIVE_INVENTORY_ENV):
         return
     skip_live = pytest.mark.skip(reason=f"live test: set {LIVE_INVENTORY_ENV} to a real deployment's inventory")

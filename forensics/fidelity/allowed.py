@@ -30,6 +30,10 @@ ALLOWED: tuple[Allowed, ...] = (
             "environment's pin) sglang 0.5.15's HTTP middleware raises AttributeError: '_IncludedRouter' object has "
             "no attribute 'path' (utils/common.py:2385) and /v1/loads answers 500; the twin answers as sglang does "
             "with the fastapi it was written for", kind="status"),
+    Allowed("logs", "served: asgi_exception", "the same /v1/loads 500 as above, in the log: uvicorn's "
+            "'Exception in ASGI application' and its traceback (ending in that AttributeError), which the capture "
+            "made on each server by asking /v1/loads; the engine environment's fastapi pin, not sglang",
+            kind="missing"),
     Allowed("logs", "waiting_timeout: prefill_bootstrap_aborted", "the router, not the engine: the twin's router "
             "answers at the decode's failure and closes the prefill's request (as sglang's Rust PD router does), "
             "so the twin's prefill logs sglang's own abort line; sglang-router 0.3.2's mini_lb keeps waiting on the "
