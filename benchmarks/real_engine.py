@@ -238,8 +238,9 @@ def section(figures_release: str, figs: dict | None, rows: list[dict], costs: di
     load = os.getloadavg()
     lines = [SECTION_START, "## Real sglang beside the twin (`python -m benchmarks real_engine`)", "",
              f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; load average {load_before[0]:.1f} at the start, "
-             f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end; 2 CPUs and 24 GiB shared with other sessions "
-             f"running real sglang too. Real engine: `--model {MODEL}`, NIXL over UCX on loopback.", ""]
+             f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end; {os.cpu_count()} CPUs, "
+             f"{psutil.virtual_memory().total / GIB:.0f} GiB. Real engine: `--model {MODEL}`, NIXL over UCX on "
+             "loopback.", ""]
     if figs:
         lines += [f"### sglang {figures_release}: the same figures, each engine in the same run", "",
                   "| figure | twin | real sglang |", "|---|---|---|",

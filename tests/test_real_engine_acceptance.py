@@ -16,7 +16,7 @@ started unpatched through the CLI. The tests run in order on it, in one worker (
 5. the same kill again: the patched prefill logs the ABORT, its thread lives, the next request is
    answered;
 6. ``validate`` PASSes;
-7. (slow) ``patch rollback --yes`` puts the adapted bytes back.
+7. ``patch rollback --yes`` puts the adapted bytes back.
 """
 
 from __future__ import annotations
@@ -46,7 +46,10 @@ GUARD = "First message should be b'NixlMsgGuard'. Foreign traffic?"
 WAITING_TIMEOUT_S = 120
 KILL_PROMPT_WORDS = 1000  # the slow-prefill model: seconds of prefill, the window in which the client dies
 ABORT_SEEN = "Received abort notification for room"  # the fix logs each ABORT it handles at INFO
-pytestmark = [pytest.mark.server, pytest.mark.engine, pytest.mark.timeout(1800)]
+# Slow-marked, out of CI for now: inside the suite the lane costs about 8 min on its worker and the
+# suite went from 19 to 23 min here; CI's machine ran this suite 1.2-1.4 times slower than this one,
+# which puts CI past its 30 minutes (issue 20's note). `./run test -m "engine and not live"` runs it.
+pytestmark = [pytest.mark.server, pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")
@@ -222,14 +225,16 @@ def test_the_patched_prefill_survives_a_client_killed_while_its_kv_is_pending(re
 def test_validate_passes_on_the_patched_deployment(real):
     deployment, document = real
     started = time.monotonic()
+    # A generous liveness deadline: on a loaded CI machine real sglang's one-token answer after a storm
+    # can take longer than the probes' own 5 s (then INCONCLUSIVE, "a slow answer is not a completed
+    # request"); the default options' figures are the benchmark's (benchmarks/real_engine.py).
     done = run_forensics("validate", "--inventory", document["inventory"], "--cycles", "1", "--sessions", "20",
-                         "--json", timeout=1200)
+                         "--probe-deadline", "60", "--json", timeout=1200)
     campaign = one_document(done.stdout)
     print(f"\nvalidate: exit {done.returncode} in {time.monotonic() - started:.1f} s")
     assert done.returncode == 0 and campaign["campaign"] == "PASS", json.dumps(campaign)[:4000]
 
 
-@pytest.mark.slow  # two more real restarts (110 s idle): out of the CI lane's minutes
 def test_rollback_puts_the_cpu_adapted_file_back(real, release):
     deployment, document = real
     done = patch("rollback", "--inventory", document["inventory"], "--yes", "--json")
