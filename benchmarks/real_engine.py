@@ -233,6 +233,10 @@ def _row(release: str, engine: str, name: str, argv, expected: int, results: lis
 # ----------------------------------------------------------------------------------- section
 
 
+def _processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
+
+
 def section(figures_release: str, figs: dict | None, rows: list[dict], costs: dict[str, dict],
             load_before: tuple[float, float, float]) -> str:
     load = os.getloadavg()
@@ -246,7 +250,7 @@ def section(figures_release: str, figs: dict | None, rows: list[dict], costs: di
                   "| figure | twin | real sglang |", "|---|---|---|",
                   f"| up (every role answering) | {figs['twin']['up_s']:.1f} s | {figs['sglang']['up_s']:.1f} s |"]
         for role in ROLES:
-            cells = [f"{figs[e]['memory'][role]['rss_gib']:.2f} GiB ({figs[e]['memory'][role]['processes']} processes)"
+            cells = [f"{figs[e]['memory'][role]['rss_gib']:.2f} GiB ({_processes(figs[e]['memory'][role]['processes'])})"
                      for e in ("twin", "sglang")]
             lines.append(f"| RSS {role} | {cells[0]} | {cells[1]} |")
         totals = [sum(m["rss_gib"] for m in figs[e]["memory"].values()) for e in ("twin", "sglang")]
