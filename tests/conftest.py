@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 
 import psutil
 import pytest
@@ -101,10 +102,8 @@ def pytest_collection_modifyitems(config, items):
     # The real-engine modules are the longest (a deployment each, minutes): they go first, so that
     # a worker never ends the run on one of them; then, as xdist's own reorder would, the files
     # with the most tests (a rough stand-in for the longest).
-    per_file: dict[str, int] = {}
-    for item in items:
-        per_file[item.nodeid.split("::", 1)[0]] = per_file.get(item.nodeid.split("::", 1)[0], 0) + 1
-    items.sort(key=lambda item: (0 if "engine" in item.keywords else 1, -per_file[item.nodeid.split("::", 1)[0]]))
+    per_file = Counter(item.path for item in items)
+    items.sort(key=lambda item: (0 if "engine" in item.keywords else 1, -per_file[item.path]))
     if os.environ.get(LIVE_INVENTORY_ENV):
         return
     skip_live = pytest.mark.skip(reason=f"live test: set {LIVE_INVENTORY_ENV} to a real deployment's inventory")

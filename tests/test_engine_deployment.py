@@ -25,25 +25,22 @@ from pathlib import Path
 import psutil
 import pytest
 from cli_helpers import one_document, run_forensics
-from real_engine_helpers import post, wait_until
+from real_engine_helpers import (
+    answers,
+    assert_wedged_as_in_production,
+    cli_deployment,
+    enough_memory,
+    post,
+    wait_until,
+)
 
 from forensics.engine import clone, environment
-from forensics.engine.deployment import attach
 from forensics.exitcodes import ExitStatus
 
 VERSION = "0.5.15"
 WAITING_TIMEOUT_S = 10
 GUARD = "AssertionError: First message should be b'NixlMsgGuard'. Foreign traffic?"
 pytestmark = [pytest.mark.server, pytest.mark.engine, pytest.mark.timeout(1800)]
-
-
-def enough_memory(gib: float = 7.0) -> None:
-    """The machine is shared: wait (bounded) rather than start a 5 GB deployment into an OOM kill."""
-    deadline = time.monotonic() + 600
-    while psutil.virtual_memory().available < gib * (1 << 30):
-        if time.monotonic() > deadline:
-            pytest.skip(f"less than {gib} GiB available for a real-engine deployment after 10 min")
-        time.sleep(30)
 
 
 def holders(directory: Path) -> set[int]:
@@ -183,21 +180,8 @@ def test_a_killed_up_takes_its_engine_processes_with_it(tmp_path):
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
-    enough_memory()
-    directory = tmp_path_factory.mktemp("engine") / "pd"
-    started = time.monotonic()
-    result = run_forensics("twin", "up", "--engine", "sglang", "--model", "slow-prefill", "--waiting-timeout",
-                           str(WAITING_TIMEOUT_S), "--dir", str(directory), "--json", timeout=1500)
-    assert result.returncode == 0, result.stderr
-    document = one_document(result.stdout)
-    document["up_s"] = round(time.monotonic() - started, 1)
-    print(f"\nreal-engine deployment up in {document['up_s']} s: {document['timings_s']}")
-    deployment = attach(document["inventory"])
-    try:
-        yield deployment, document
-    finally:
-        if (directory / "inventory.toml").exists():
-            run_forensics("twin", "down", "--inventory", str(directory / "inventory.toml"), timeout=300)
+    with cli_deployment(tmp_path_factory.mktemp("engine") / "pd", WAITING_TIMEOUT_S) as deployed:
+        yield deployed
 
 
 @pytest.mark.slow
@@ -265,7 +249,7 @@ def _killed_restart_then_restart(deployment, document, role: str, least_processe
     started = [record["pid"], *[member["pid"] for member in record["members"]]]
     assert record["pid"] != before and len(started) >= least_processes  # it was ready when its launcher died
     wait_until(lambda: not any(_not_zombie(pid) for pid in started), 60, f"the killed restart's {role} to die")
-    assert not _answers(document[role])
+    assert not answers(document[role])
     result = run_forensics("twin", "restart", role, "--inventory", document["inventory"], "--json", timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     assert deployment.pid(role) not in (before, record["pid"])
@@ -273,13 +257,6 @@ def _killed_restart_then_restart(deployment, document, role: str, least_processe
     answer = post(document["router"] + "/generate", {"text": "ba be", "sampling_params": {"max_new_tokens": 2}},
                   timeout=120)
     assert answer["meta_info"]["completion_tokens"] == 2
-
-
-def _answers(url: str) -> bool:
-    try:
-        return health(url) == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 @pytest.mark.slow
@@ -311,19 +288,7 @@ def test_a_waiting_timeout_wedges_the_real_prefill_and_diagnose_says_wedged(real
         log = deployment.log_text("prefill")
         assert "Exception in thread" in log and "(bootstrap_thread)" in log and "nixl/conn.py" in log
         assert "timed out after" in deployment.log_text("decode")  # the decode's own account of the trigger
-        # While its scheduler computes the long prompt the prefill's /health (a generation) waits and
-        # may say 503; once that is done the wedged prefill answers 200 again, as in production.
-        for role in ("router", "prefill", "decode"):
-            wait_until(lambda role=role: _answers(document[role]), 900, f"the {role}'s /health to answer 200",
-                       interval=2)
-        status = deployment.status()
-        assert status["roles"]["prefill"]["bootstrap_thread_alive"] is False  # py-spy: the thread is gone
-        assert not status.healthy and "the prefill's bootstrap thread is dead" in status.problems()
-        with pytest.raises((TimeoutError, socket.timeout, urllib.error.URLError)):
-            post(router + "/generate", {"text": "ba be bi", "sampling_params": {"max_new_tokens": 2}}, timeout=30)
-        result = run_forensics("diagnose", "--inventory", document["inventory"], "--json", timeout=600)
-        verdict = one_document(result.stdout)
-        assert result.returncode == 1 and verdict["verdict"] == "WEDGED", json.dumps(verdict)[:3000]
+        assert_wedged_as_in_production(deployment, document, health_deadline_s=900)
     finally:
         long_request.close()
 

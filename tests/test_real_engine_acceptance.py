@@ -1,7 +1,7 @@
 """Acceptance on real sglang 0.5.15 (the CI lane): the wedge, the fix deployed, the fix holding.
 
 One real deployment for the module (``twin up --engine sglang``, the slow-prefill model, so that a
-1000-word prompt keeps the prefill busy long enough for a client to die while its KV is pending),
+3000-token prompt keeps the prefill busy long enough for a client to die while its KV is pending),
 started unpatched through the CLI. The tests run in order on it, in one worker (``--dist loadfile``):
 
 1. ``patch status`` says ``cpu-adapted`` (exit 1);
@@ -23,20 +23,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import struct
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 from cli_helpers import one_document, run_forensics
-from real_engine_helpers import enough_memory, post, wait_until
+from real_engine_helpers import assert_wedged_as_in_production, cli_deployment, post, wait_until
 
-from forensics.engine import clone, environment
+from forensics.engine import clone, environment, state
 from forensics.engine.adaptations import NIXL_CONN
-from forensics.engine.deployment import attach
 from forensics.inventory import load
 from patched_engine.baselines import release_conn
 from patched_engine.deploy_steps import planned
@@ -44,7 +39,6 @@ from patched_engine.deploy_steps import planned
 VERSION = "0.5.15"
 GUARD = "First message should be b'NixlMsgGuard'. Foreign traffic?"
 WAITING_TIMEOUT_S = 120
-KILL_PROMPT_WORDS = 1000  # the slow-prefill model: seconds of prefill, the window in which the client dies
 ABORT_SEEN = "Received abort notification for room"  # the fix logs each ABORT it handles at INFO
 # Slow-marked, out of CI for now: inside the suite the lane costs about 8 min on its worker and the
 # suite went from 19 to 23 min here; CI's machine ran this suite 1.2-1.4 times slower than this one,
@@ -54,22 +48,10 @@ pytestmark = [pytest.mark.server, pytest.mark.engine, pytest.mark.slow, pytest.m
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
-    enough_memory()
-    directory = tmp_path_factory.mktemp("real-engine") / "pd"
-    started = time.monotonic()
     # The decode waits up to 120 s for KV: the request after a kill waits for the prefill to finish
     # the aborted one (real sglang's prefill still runs it) on a loaded machine.
-    result = run_forensics("twin", "up", "--engine", "sglang", "--model", "slow-prefill", "--waiting-timeout",
-                           str(WAITING_TIMEOUT_S), "--dir", str(directory), "--json", timeout=1500)
-    assert result.returncode == 0, result.stderr[-3000:]
-    document = one_document(result.stdout)
-    print(f"\nreal-engine deployment up in {time.monotonic() - started:.1f} s: {document.get('timings_s')}")
-    deployment = attach(document["inventory"])
-    try:
-        yield deployment, document
-    finally:
-        if (directory / "inventory.toml").exists():
-            run_forensics("twin", "down", "--inventory", str(directory / "inventory.toml"), timeout=300)
+    with cli_deployment(tmp_path_factory.mktemp("real-engine") / "pd", WAITING_TIMEOUT_S) as deployed:
+        yield deployed
 
 
 @pytest.fixture(scope="module")
@@ -103,67 +85,22 @@ def test_unpatched_status_is_cpu_adapted(real, release):
     assert engine["sha256"] == release.adapted_sha256 and "cpu-nixl-dram" in engine["reason"]
 
 
-def _arrivals(decode_url: str) -> int:
-    """The decode's count of chat completions (the storm observer's counter: it rises as a request arrives)."""
-    with urllib.request.urlopen(decode_url + "/metrics", timeout=30) as answer:
-        page = answer.read().decode()
-    total = 0
-    for line in page.splitlines():
-        if (line.startswith("sglang:http_requests_total{") and 'endpoint="/v1/chat/completions"' in line
-                and 'method="POST"' in line):
-            total += int(float(line.rsplit(" ", 1)[1]))
-    return total
-
-
-def kill_a_client_while_its_kv_is_pending(document: dict) -> None:
-    """A streaming chat client reset (as a killed client's kernel does) once the decode holds its
-    request and the slow prefill works on it: the decode aborts the request and sends ABORT."""
-    from forensics.engine.model import prompt_words
-
-    router, decode = document["router"], document["decode"]
-    arrived = _arrivals(decode)
-    body = json.dumps({"model": "default", "stream": True, "max_tokens": 4, "messages": [
-        {"role": "user", "content": prompt_words(KILL_PROMPT_WORDS)}]}).encode()
-    client = socket.create_connection(("127.0.0.1", int(router.rsplit(":", 1)[1])), timeout=30)
-    try:
-        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: pd\r\nContent-Type: application/json\r\n"
-                       + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        wait_until(lambda: _arrivals(decode) > arrived, 120, "the request to arrive at the decode")
-    finally:
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        client.close()  # no first token was streamed yet
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=10) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
+def kill_a_client_while_its_kv_is_pending(deployment) -> None:
+    """The demo's kill on real sglang: a streaming client dropped once the decode counts its arrival
+    and no token came back; the decode aborts the request and sends ABORT."""
+    detail = state.kill_one_client(deployment)
+    assert "the decode aborted the transfer" in detail, detail
 
 
 def test_one_killed_client_wedges_the_unpatched_prefill_and_diagnose_says_wedged(real):
     deployment, document = real
-    router = document["router"]
     log_before = len(deployment.log_text("prefill"))
-    kill_a_client_while_its_kv_is_pending(document)
+    kill_a_client_while_its_kv_is_pending(deployment)
     wait_until(lambda: GUARD in deployment.log_text("prefill")[log_before:], 300,
                "the GUARD traceback in the prefill's log")
     log = deployment.log_text("prefill")[log_before:]
     assert "Exception in thread" in log and "(bootstrap_thread)" in log and "nixl/conn.py" in log
-    # While the scheduler still computes the aborted prompt, /health (a generation) may wait or say
-    # 503; once that is done the wedged prefill answers 200 again, as in production.
-    for role in ("router", "prefill", "decode"):
-        wait_until(lambda role=role: _answers(document[role]), 600, f"the {role}'s /health to answer 200",
-                   interval=2)
-    status = deployment.status()
-    assert status["roles"]["prefill"]["bootstrap_thread_alive"] is False, status  # py-spy: the thread is gone
-    assert not status.healthy and "the prefill's bootstrap thread is dead" in status.problems()
-    with pytest.raises((TimeoutError, socket.timeout, urllib.error.URLError)):
-        post(router + "/generate", {"text": "ba be bi", "sampling_params": {"max_new_tokens": 2}}, timeout=30)
-    result = run_forensics("diagnose", "--inventory", document["inventory"], "--json", timeout=600)
-    verdict = one_document(result.stdout)
-    assert result.returncode == 1 and verdict["verdict"] == "WEDGED", json.dumps(verdict)[:3000]
+    assert_wedged_as_in_production(deployment, document, health_deadline_s=600)
 
 
 def test_deploy_writes_the_fix_restarts_prefill_and_decode_and_proves_liveness(real, release):
@@ -210,7 +147,7 @@ def test_the_patched_prefill_survives_a_client_killed_while_its_kv_is_pending(re
     """The kill that wedged it unpatched: the fix marks the room Failed and the loop lives."""
     deployment, document = real
     log_before = len(deployment.log_text("prefill"))
-    kill_a_client_while_its_kv_is_pending(document)
+    kill_a_client_while_its_kv_is_pending(deployment)
     wait_until(lambda: ABORT_SEEN in deployment.log_text("prefill")[log_before:], 300,
                "the patched prefill to log the decode's ABORT")
     log = deployment.log_text("prefill")[log_before:]
