@@ -8,6 +8,7 @@ running, a child process or a listening socket, fails that test with its name.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import Counter
 
@@ -15,6 +16,27 @@ import psutil
 import pytest
 
 LIVE_INVENTORY_ENV = "PD_FORENSICS_LIVE_INVENTORY"
+
+# The fast lane (``./run test fast``, i.e. ``pytest --fast-lane``): the inner loop, under 3
+# minutes on 2 cores. It leaves out what starts a server (sshd, prometheus, a twin, a sandbox
+# engine, the real engine), and runs a test written once per release on the release the
+# incident is about and the first fixed one only; the full suite (CI) runs every release.
+FAST_LANE_SKIPS = ("slow", "live", "server", "engine")
+FAST_LANE_RELEASES = {"0.5.15", "0.5.16"}
+RELEASE_IN_ID = re.compile(r"(?<![\w.])\d+\.\d+\.\d+(?:\.post\d+)?(?![\w.])")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast-lane", action="store_true",
+                     help="the inner loop: no server, one release per per-release test (see tests/conftest.py)")
+
+
+def _outside_fast_lane(item) -> bool:
+    if any(mark in item.keywords for mark in FAST_LANE_SKIPS):
+        return True
+    callspec = getattr(item, "callspec", None)
+    releases = set(RELEASE_IN_ID.findall(callspec.id)) if callspec is not None else set()
+    return bool(releases - FAST_LANE_RELEASES)
 
 
 class LeakGuard:
@@ -102,6 +124,11 @@ def pytest_collection_modifyitems(config, items):
     # The real-engine modules are the longest (a deployment each, minutes): they go first, so that
     # a worker never ends the run on one of them; then, as xdist's own reorder would, the files
     # with the most tests (a rough stand-in for the longest).
+    if config.getoption("fast_lane"):
+        left_out = [item for item in items if _outside_fast_lane(item)]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if not _outside_fast_lane(item)]
     per_file = Counter(item.path for item in items)
     items.sort(key=lambda item: (0 if "engine" in item.keywords else 1, -per_file[item.path]))
     if os.environ.get(LIVE_INVENTORY_ENV):

@@ -32,6 +32,12 @@ class Block:
     def twin(self) -> bool:
         return self.marker is not None
 
+    @property
+    def starts_server(self) -> bool:
+        # The twin's blocks, and those that run a release's bootstrap loop in a sandbox engine
+        # (a child process serving sglang's bootstrap socket), stay out of the fast lane.
+        return self.twin or any(call in self.code for call in ("EngineSandbox(", "patch.verify("))
+
 
 def blocks(text: str) -> list[Block]:
     found = []
@@ -116,7 +122,7 @@ def session(tmp_path_factory):
 @pytest.mark.parametrize(
     "block",
     [pytest.param(b, id=f"{b.index:02d}-{re.sub(r'[^a-z0-9]+', '-', b.section.lower()).strip('-')}",
-                  marks=[pytest.mark.server, pytest.mark.timeout(240)] if b.twin else [pytest.mark.timeout(120)])
+                  marks=[pytest.mark.server, pytest.mark.timeout(240)] if b.starts_server else [pytest.mark.timeout(120)])
      for b in BLOCKS],
 )
 def test_example_runs(block, session, leak_guard):

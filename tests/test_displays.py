@@ -239,6 +239,7 @@ def test_twin_status_of_a_running_twin(tmp_path_factory, leak_guard):
 # ----------------------------------------------------------------------------- patch verify
 
 
+@pytest.mark.server
 @pytest.mark.timeout(240)
 def test_patch_verify_at_80_columns_keeps_the_patched_room_states():
     status, stdout, stderr = invoke("patch", "verify", "--sglang", "0.5.15", columns=80)

@@ -229,6 +229,7 @@ def test_diff_table_html_and_text_show_the_gap():
     assert row["cells"]["nixl"]["fate"] == DIES and row["cells"]["mooncake"]["fate"] == HANDLED
 
 
+@pytest.mark.server
 @pytest.mark.timeout(240)
 def test_sandbox_confirms_the_critical_nixl_findings():
     result = diff("0.5.15", "nixl", "mooncake", confirm=True)

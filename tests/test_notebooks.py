@@ -145,6 +145,7 @@ def test_00_investigates_an_incident(executed):
     assert json.loads((out / "investigate-verdict.json").read_text())["verdict"] == "WEDGED"
 
 
+@pytest.mark.server
 @pytest.mark.timeout(600)
 def test_02_finds_and_confirms_the_gap(executed):
     out, run = executed

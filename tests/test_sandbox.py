@@ -10,6 +10,8 @@ import pytest
 from forensics.sandbox import EngineSandbox, SandboxError, rules_for
 from forensics.sglang_source import fetch
 
+pytestmark = pytest.mark.server  # every test here starts a sandbox engine
+
 FAILED, BOOTSTRAPPING, WAITING = 0, 1, 2
 GUARD_MESSAGE = "First message should be b'NixlMsgGuard'. Foreign traffic?"
 ABORT_HANDLER_CALL = "                if self._handle_abort_notification(waiting_req_bytes):\n                    continue\n"

@@ -16,6 +16,7 @@ from forensics.sglang_source import fetch
 ENGINE_PROBLEM = engine_import_problem()
 
 
+@pytest.mark.server
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(ENGINE_PROBLEM is not None, reason=ENGINE_PROBLEM or "")
 def test_mooncake_sandbox_registers_with_the_real_engines_session_id():
@@ -38,6 +39,7 @@ def test_mooncake_sandbox_registers_with_the_real_engines_session_id():
 @pytest.mark.skipif(ENGINE_PROBLEM is not None, reason=ENGINE_PROBLEM or "")
 # 0.5.1: the old wrapper file and sglang/srt/utils.py; 0.5.6: the old wrapper and utils/common.py;
 # 0.5.9: the wrapper under distributed/, its session id still from maybe_wrap_ipv6_address.
+@pytest.mark.server
 @pytest.mark.parametrize("release", ["0.5.1", "0.5.6", "0.5.9"])
 def test_old_releases_use_the_real_engine_with_a_real_session_id(release):
     with EngineSandbox(fetch(release), backend="mooncake") as sb:

@@ -33,6 +33,7 @@ def fixed_release_sandbox():
 @given(room=ROOMS, pages=st.integers(min_value=0, max_value=16), abort=st.booleans())
 # The boundaries no uniform draw is likely to hit: the gRPC router's 2**31 - 1, the last u63 room and
 # its sibling 2**63 (room + 1 of a request with n > 1), and the top of the u64 range.
+@pytest.mark.server
 @example(room=0, pages=1, abort=True)
 @example(room=2**31 - 1, pages=2, abort=True)
 @example(room=2**63 - 1, pages=2, abort=True)

@@ -14,6 +14,8 @@ from cli_helpers import invoke
 from forensics.exitcodes import BAD, GOOD, USAGE
 from forensics.upgrade import DECODES_FIRST, PREFILLS_FIRST, find_via, plan_upgrade
 
+pytestmark = pytest.mark.server  # every plan runs pair checks in sandbox engines
+
 
 def _order(plan, name: str):
     return next(o for o in plan.orders if o.order == name)
