@@ -77,6 +77,7 @@ class Router:
         prefill_call = self.session.post(self.prefill + path, json=body)
         decode_call = self.session.post(self.decode + path, json=body)
         responses: list[aiohttp.ClientResponse] = []
+        delivered = False  # the whole stream reached the client
         try:
             if not body.get("stream"):
                 prefill_task = asyncio.ensure_future(prefill_call)
@@ -112,11 +113,14 @@ class Router:
             await response.prepare(request)
             async for chunk in decode_resp.content.iter_any():
                 await response.write(chunk)
+            delivered = True
             await drain
             self.counters["completed"] += 1
             return response
         except (asyncio.CancelledError, ConnectionResetError):
-            self.counters["client_disconnects"] += 1
+            # A client that read its whole stream and closed while the prefill's answer was still
+            # draining (a loaded machine) went away after its answer: completed, not a disconnect.
+            self.counters["completed" if delivered else "client_disconnects"] += 1
             raise
         finally:
             for upstream in responses:
