@@ -205,10 +205,80 @@ def test_parser_labels_are_canonical_and_escapes_survive():
     ("m 2 3 4", "not a sample line"),
     ("m notanumber", "bad value"),
 ])
-def test_parser_names_the_bad_line(line, why):
+def test_a_bad_line_is_a_problem_naming_it_and_the_rest_of_the_page_is_kept(line, why):
+    page = mc.parse_exposition(f"# TYPE m gauge\nm 1\n{line}\nm{{a=\"z\"}} 5\n")
+    assert page.value_text == ["1", "5"] and page.labels == ["", 'a="z"']
+    assert page.problems_total == 1 and page.problems[0].lineno == 3 and why in page.problems[0].why
+    assert page.problems_text().startswith(f"1 unreadable line(s): line 3: {page.problems[0].why}")
     with pytest.raises(mc.ExpositionParseError, match=why) as caught:
-        mc.parse_exposition(f"# TYPE m gauge\nm 1\n{line}\n")
+        mc.parse_exposition(f"# TYPE m gauge\nm 1\n{line}\n", strict=True)
     assert caught.value.lineno == 3
+
+
+def test_a_page_of_garbage_keeps_a_bounded_list_of_its_problems():
+    page = mc.parse_exposition("<html>\n" * 5000 + "up 1\n")
+    assert page.metric == ["up"] and page.problems_total == 5000
+    assert len(page.problems) == 100 and page.problems_text().endswith("and 4997 more")
+
+
+# Inputs of prometheus_client's own text-format parser tests, and the forms the current text
+# format adds (quoted UTF-8 names): each case is read by both parsers and must agree.
+FORMAT_CASES = [
+    'a 1\n', 'a  1\n', 'a\t1\t123\n', 'a 1 1700000000000\n', 'a +Inf\n', 'a -Inf\n', 'a NaN\n', 'a 1e3\n',
+    'a -1.5e-3\n', 'a{} 1\n', 'a{ } 1\n', 'b{,} 2\n', 'a{foo="bar"} 1\n', 'a{foo="bar",} 1\n',
+    'a{ foo = "bar" , } 1\n', 'a{\tfoo="bar"\t} 1\n', 'a{foo="bar"}1\n', 'a{foo="bar", baz="q"} 1\n',
+    'a{foo="b\\\\a\\"r"} 1\n', 'a{foo="new\\nline"} 1\n', 'a{foo="}{,="} 1\n',
+    '{"my.metric"} 1\n', '{"my.metric",a="b"} 1\n', '{ "my.metric" , a="b" } 1\n', 'a{"lbl.x"="v"} 1\n',
+    '{"my.metric","lbl.x"="v",b="c"} 1 1700000000\n', '{"sglang:num_queue_reqs"} 0\n',
+    "# HELP a some help\n# TYPE a counter\na_total 3\na_created 1.7e9\n",
+    "# TYPE h histogram\nh_bucket{le=\"0.1\"} 1\nh_bucket{le=\"+Inf\"} 2\nh_sum 0.3\nh_count 2\n",
+]
+
+
+@pytest.mark.parametrize("text", FORMAT_CASES)
+def test_the_parser_reads_what_prometheus_client_reads(text):
+    theirs = sorted((s.name, tuple(sorted(s.labels.items())), repr(float(s.value)))
+                    for family in text_string_to_metric_families(text) for s in family.samples)
+    page = mc.parse_exposition(text)
+    ours = sorted((page.metric[i], tuple(sorted(mc.labels_dict(page.labels[i]).items())), repr(float(page.value[i])))
+                  for i in range(len(page)))
+    assert not page.problems and ours == theirs
+
+
+def _fuzzed_lines(seed: int, count: int) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    names = ["a", "sglang:num_queue_reqs", '"my.metric"', "m_total"]
+    labels = ['', '{}', '{,}', '{a="1"}', '{ a = "1" , }', '{a="x,y}"}', '{"l.x"="2",b="3"}', '{a="\\"q\\""}']
+    blanks = [" ", "\t", "  "]
+    values = ["1", "-2.5", "+Inf", "NaN", "1e-3", "7"]
+    out = []
+    for _ in range(count):
+        name = rng.choice(names)
+        label = rng.choice(labels)
+        if name.startswith('"'):
+            inner = label[1:-1] if label.startswith("{") else ""
+            inner = inner.strip(" ,")
+            label = "{" + name + ("," + inner if inner else "") + "}"
+            name = ""
+        line = f"{name}{label}{rng.choice(blanks)}{rng.choice(values)}"
+        if rng.random() < 0.3:
+            line += f" {rng.randrange(10**12, 10**13)}"
+        out.append(line)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fuzzed_pages_agree_with_prometheus_client_line_by_line(seed):
+    for line in _fuzzed_lines(seed, 200):
+        text = line + "\n"
+        theirs = sorted((s.name, tuple(sorted(s.labels.items())), repr(float(s.value)))
+                        for family in text_string_to_metric_families(text) for s in family.samples)
+        page = mc.parse_exposition(text)
+        ours = sorted((page.metric[i], tuple(sorted(mc.labels_dict(page.labels[i]).items())),
+                       repr(float(page.value[i]))) for i in range(len(page)))
+        assert not page.problems and ours == theirs, line
 
 
 def test_benchmark_page_agrees_between_parsers():

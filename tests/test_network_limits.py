@@ -188,12 +188,16 @@ def test_the_byte_cap_reads_incrementally_and_the_deadline_is_wall_clock():
         assert ok.status == 404 and ok.body == b'{"detail":"Not Found"}'
 
 
-def test_a_sample_line_of_10_mb_fails_the_page_naming_the_line_and_the_limit():
+def test_a_sample_line_of_10_mb_is_a_problem_naming_the_line_and_the_limit():
     from forensics.collectors.metrics import ExpositionParseError, parse_exposition
 
-    page = b'# TYPE m gauge\nm{a="' + b"x" * (10 * MiB) + b'"} 1\n'  # the old code kept it in every scrape: 1.9 GB
+    page = b'# TYPE m gauge\nm{a="' + b"x" * (10 * MiB) + b'"} 1\nm 2\n'  # the old code kept it in every scrape: 1.9 GB
+    parsed = parse_exposition(page)
+    assert parsed.metric == ["m"] and parsed.value_text == ["2"]  # the line after it is kept
+    assert parsed.problems_total == 1 and parsed.problems[0].lineno == 2
+    assert len(parsed.problems[0].line) <= 10 * MiB + 16 and "over the 65536" in parsed.problems_text()
     with pytest.raises(ExpositionParseError, match=r"line 2: a sample line of 10485769 characters, over the 65536"):
-        parse_exposition(page)
+        parse_exposition(page, strict=True)
     assert len(parse_exposition(b'm{a="' + b"x" * 60000 + b'"} 1\n')) == 1  # long, but under the limit
 
 

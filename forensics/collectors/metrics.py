@@ -16,14 +16,13 @@ The schemas are documented in docs/metrics.md.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import tomllib
 import urllib.error
 import urllib.parse
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,14 @@ from forensics.redact import redact_url
 
 from . import bounded_http
 from .bounded_http import METRICS_LIMITS, LimitExceeded, ReadLimits
+from .exposition import (
+    SAMPLE_SUFFIXES,
+    ExpositionPage,
+    ExpositionParseError,
+    ParseCache,
+    labels_dict,
+    parse_exposition,
+)
 
 __all__ = [
     "SAMPLES_SCHEMA",
@@ -82,6 +89,7 @@ SCRAPES_SCHEMA: dict[str, str] = {
     "http_status": "Int64",
     "duration_s": "float64",
     "samples": "Int64",
+    "problems": "string",  # lines of a good scrape's page that could not be read; <NA> when none
 }
 
 # Every scrape adds one row of this synthetic gauge to the samples frame: 1.0 ok, 0.0 failed
@@ -125,240 +133,15 @@ def renames() -> dict[str, str]:
     return mapping
 
 
-_SAMPLE_SUFFIXES = ("_total", "_created", "_bucket", "_count", "_sum", "_gcount", "_gsum", "_info")
-
-
 def canonical_name(name: str) -> str:
     """The current name of a sample name (a renamed family keeps its sample suffix)."""
     table = renames()
     if name in table:
         return table[name]
-    for suffix in _SAMPLE_SUFFIXES:
+    for suffix in SAMPLE_SUFFIXES:
         if name.endswith(suffix) and name[: -len(suffix)] in table:
             return table[name[: -len(suffix)]] + suffix
     return name
-
-
-# --------------------------------------------------------------------------------------------
-# The text exposition format
-
-_SAMPLE_RE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+(\S+))?[ \t]*\r?$")
-_LABEL_RE = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|$)')
-_UNESCAPE_RE = re.compile(r"\\(.)")
-_UNESCAPES = {"n": "\n", '"': '"', "\\": "\\"}
-# A sample line longer than this is refused (the scrape fails naming it): sglang's longest are a
-# few hundred characters, and one 10 MB label value, kept in every scrape's rows, cost 1.9 GB.
-MAX_SAMPLE_LINE = 64 * 1024
-
-
-class ExpositionParseError(ValueError):
-    """A line of a /metrics page that is not the text exposition format."""
-
-    def __init__(self, lineno: int, line: str, why: str) -> None:
-        super().__init__(f"line {lineno}: {why}: {line[:200]!r}")
-        self.lineno = lineno
-        self.line = line
-
-
-def labels_dict(canonical: str) -> dict[str, str]:
-    """The label names and (unescaped) values of a canonical label string."""
-    out: dict[str, str] = {}
-    pos = 0
-    while pos < len(canonical):
-        m = _LABEL_RE.match(canonical, pos)
-        if m is None:
-            raise ValueError(f"not a canonical label string: {canonical!r}")
-        value = m.group(2)
-        if "\\" in value:
-            value = _UNESCAPE_RE.sub(lambda e: _UNESCAPES.get(e.group(1), "\\" + e.group(1)), value)
-        out[m.group(1)] = value
-        pos = m.end()
-    return out
-
-
-_LABEL_TIGHT_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-def _canonical_labels(raw: str, lineno: int, line: str) -> str:
-    # Fast path: the tight form prometheus_client writes (k="v",k2="v2"), checked by length.
-    pairs = _LABEL_TIGHT_RE.findall(raw)
-    if pairs:
-        tight = [f'{k}="{v}"' for k, v in pairs]
-        if ",".join(tight) == (raw[:-1] if raw[-1] == "," else raw):
-            keys = [k for k, _ in pairs]
-            if len(set(keys)) == len(keys):
-                return ",".join([t for _, t in sorted(zip(keys, tight, strict=True))])
-    pairs = []
-    pos = 0
-    end = len(raw)
-    while pos < end:
-        m = _LABEL_RE.match(raw, pos)
-        if m is None:
-            if raw[pos:].strip() == "":
-                break
-            raise ExpositionParseError(lineno, line, "bad label set")
-        pairs.append((m.group(1), m.group(2)))
-        pos = m.end()
-        if m.group(3) == "":
-            if raw[pos:].strip():
-                raise ExpositionParseError(lineno, line, "bad label set")
-            break
-    pairs.sort()
-    for a, b in zip(pairs, pairs[1:]):
-        if a[0] == b[0]:
-            raise ExpositionParseError(lineno, line, f"label {a[0]!r} twice")
-    return ",".join(f'{k}="{v}"' for k, v in pairs)
-
-
-def _family_of(name: str, types: dict[str, str]) -> tuple[str, bool]:
-    """(family type, cumulative) of a sample name: cumulative samples get rates."""
-    if name in types:
-        kind = types[name]
-        return kind, kind == "counter"
-    for suffix in _SAMPLE_SUFFIXES:
-        if name.endswith(suffix):
-            base = name[: -len(suffix)]
-            if base in types:
-                kind = types[base]
-                if suffix == "_created":
-                    return kind, False
-                if kind == "counter":
-                    return kind, suffix == "_total"
-                if kind in ("histogram", "summary"):
-                    return kind, suffix in ("_bucket", "_count", "_sum")
-                return kind, False
-    return "untyped", False
-
-
-def _exact_int(text: str) -> int | None:
-    """The integer a value's text spells exactly (``12``, ``-3``, ``7.0``), else None."""
-    body = text[1:] if text[:1] in "+-" else text
-    head, dot, frac = body.partition(".")
-    if not head.isdigit() or not head.isascii():
-        return None
-    if dot and frac.strip("0"):
-        return None
-    return int(head) if text[:1] != "-" else -int(head)
-
-
-@dataclass
-class ExpositionPage:
-    """One parsed /metrics page, column by column (one entry per sample line)."""
-
-    metric: list[str] = field(default_factory=list)
-    labels: list[str] = field(default_factory=list)
-    value: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
-    value_text: list[str] = field(default_factory=list)
-    type: list[str] = field(default_factory=list)
-    cumulative: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
-    types: dict[str, str] = field(default_factory=dict)  # family -> ``# TYPE``
-
-    def __len__(self) -> int:
-        return len(self.metric)
-
-    def exact(self, i: int) -> int | float:
-        """Sample ``i``'s value: an exact ``int`` where its text is an integer, else the float."""
-        got = _exact_int(self.value_text[i])
-        return got if got is not None else float(self.value[i])
-
-    def value_int(self) -> pd.Series:
-        """Nullable Int64 of the exact integers (int64 range), built from a buffer and a mask."""
-        n = len(self)
-        buf = np.zeros(n, dtype=np.int64)
-        mask = np.ones(n, dtype=bool)
-        v = self.value
-        with np.errstate(invalid="ignore"):
-            candidates = np.flatnonzero(np.isfinite(v) & (np.floor(v) == v))
-        texts = self.value_text
-        for i in candidates.tolist():
-            got = _exact_int(texts[i])
-            if got is not None and -(2**63) <= got < 2**63:
-                buf[i] = got
-                mask[i] = False
-        return pd.Series(pd.arrays.IntegerArray(buf, mask))
-
-    def to_frame(self) -> pd.DataFrame:
-        """metric, metric_canonical, type, labels, value, value_int, value_text."""
-        metric = pd.Series(self.metric, dtype="string")
-        return pd.DataFrame({
-            "metric": metric,
-            "metric_canonical": pd.Series([canonical_name(m) for m in self.metric], dtype="string"),
-            "type": pd.Series(self.type, dtype="string"),
-            "labels": pd.Series(self.labels, dtype="string"),
-            "value": self.value,
-            "value_int": self.value_int(),
-            "value_text": pd.Series(self.value_text, dtype="string"),
-        })
-
-
-class _ParseCache:
-    """Label strings and sample-name facts shared by the pages of one target."""
-
-    def __init__(self) -> None:
-        self.labels: dict[str, str] = {}
-        self.names: dict[tuple[str, str], tuple[str, bool]] = {}
-
-
-def parse_exposition(text: str | bytes, *, cache: _ParseCache | None = None) -> ExpositionPage:
-    """Parse a Prometheus text exposition page (format 0.0.4) into columns.
-
-    Histograms and summaries come as their ``_bucket``/``_sum``/``_count`` (and quantile)
-    samples; ``# HELP`` and other comments are skipped; a sample's own timestamp is read and
-    ignored. A line that is not the format raises :class:`ExpositionParseError` naming it.
-    """
-    if isinstance(text, bytes | bytearray | memoryview):
-        text = bytes(text).decode("utf-8")
-    cache = cache or _ParseCache()
-    label_cache = cache.labels
-    name_cache = cache.names
-    types: dict[str, str] = {}
-    metrics: list[str] = []
-    labels: list[str] = []
-    values: list[float] = []
-    texts: list[str] = []
-    kinds: list[str] = []
-    cumulative: list[bool] = []
-    match = _SAMPLE_RE.match
-    for lineno, line in enumerate(text.split("\n"), 1):
-        if not line:
-            continue
-        if line[0] == "#":
-            if line.startswith("# TYPE "):
-                parts = line.split()
-                if len(parts) != 4:
-                    raise ExpositionParseError(lineno, line, "bad TYPE line")
-                types[parts[2]] = parts[3]
-            continue
-        if len(line) > MAX_SAMPLE_LINE:
-            raise ExpositionParseError(lineno, line, f"a sample line of {len(line)} characters, over the "
-                                                     f"{MAX_SAMPLE_LINE} limit")
-        m = match(line)
-        if m is None:
-            if line.isspace():
-                continue
-            raise ExpositionParseError(lineno, line, "not a sample line")
-        name, raw, vtext, _timestamp = m.groups()
-        if raw:
-            canon = label_cache.get(raw)
-            if canon is None:
-                canon = label_cache[raw] = _canonical_labels(raw, lineno, line)
-        else:
-            canon = ""
-        try:
-            values.append(float(vtext))
-        except ValueError:
-            raise ExpositionParseError(lineno, line, "bad value") from None
-        key = (name, types.get(name) or types.get(name.rsplit("_", 1)[0], ""))
-        facts = name_cache.get(key)
-        if facts is None:
-            facts = name_cache[key] = _family_of(name, types)
-        metrics.append(name)
-        labels.append(canon)
-        texts.append(vtext)
-        kinds.append(facts[0])
-        cumulative.append(facts[1])
-    return ExpositionPage(metrics, labels, np.array(values, dtype=np.float64), texts, kinds,
-                          np.array(cumulative, dtype=bool), types)
 
 
 # --------------------------------------------------------------------------------------------
@@ -418,6 +201,7 @@ class _Scrape:
     http_status: int | None
     duration_s: float
     page: ExpositionPage | None
+    problems: str | None = None
 
 
 def metrics_url(url: str) -> str:
@@ -443,7 +227,7 @@ def _describe(exc: BaseException) -> str:
 
 
 def scrape_once(role: str, host: str, url: str, *, timeout_s: float = 5.0,
-                cache: _ParseCache | None = None, max_bytes: int = METRICS_LIMITS.max_bytes) -> _Scrape:
+                cache: ParseCache | None = None, max_bytes: int = METRICS_LIMITS.max_bytes) -> _Scrape:
     """One scrape of one target: a record that says ok or why not (never raises for the target).
 
     ``timeout_s`` bounds the whole answer (wall clock), ``max_bytes`` its body: a page that
@@ -460,10 +244,14 @@ def scrape_once(role: str, host: str, url: str, *, timeout_s: float = 5.0,
         if status != 200:
             raise _HTTPStatus(f"HTTP {status} {answer.reason}".rstrip())
         page = parse_exposition(answer.body, cache=cache)
+        if page.problems and not len(page):
+            # Nothing on the page could be read: the scrape failed, for the first line's reason.
+            raise page.problems[0]
     except Exception as exc:  # every failure is evidence: recorded, not raised
         return _Scrape(ts_ns, role, host, redact_url(target), False, _describe(exc), status,
                        time.perf_counter() - started, None)
-    return _Scrape(ts_ns, role, host, redact_url(target), True, None, status, time.perf_counter() - started, page)
+    return _Scrape(ts_ns, role, host, redact_url(target), True, None, status, time.perf_counter() - started, page,
+                   page.problems_text())
 
 
 class _HTTPStatus(Exception):
@@ -541,7 +329,7 @@ class MetricsScraper:
         return any(t.is_alive() for t in self._threads)
 
     def _run(self, index: int, role: str, host: str, url: str) -> None:
-        cache = _ParseCache()
+        cache = ParseCache()
         next_at = time.monotonic()
         done = 0
         while not self._stop.is_set():
@@ -645,6 +433,7 @@ def _scrapes_frame(scrapes: list[_Scrape]) -> pd.DataFrame:
         "http_status": pd.Series(pd.arrays.IntegerArray(
             status, np.array([s.http_status is None for s in scrapes], dtype=bool))),
         "duration_s": np.array([s.duration_s for s in scrapes], dtype=np.float64),
+        "problems": pd.Series([s.problems for s in scrapes], dtype="string"),
         "samples": pd.Series(pd.arrays.IntegerArray(
             np.array([len(s.page) if s.page is not None else 0 for s in scrapes], dtype=np.int64),
             np.zeros(n, dtype=bool))),
@@ -709,7 +498,8 @@ class MetricsSeries:
         return frame[(frame["metric_canonical"] == wanted) | (frame["metric"] == metric)]
 
     def summary(self) -> pd.DataFrame:
-        """Per target: scrapes, failures, last error, first and last time, series seen."""
+        """Per target: scrapes, failures, last error, good scrapes with unreadable lines and the last
+        such problem, first and last time, series seen."""
         rows = []
         for (role, host, url), group in self.scrapes.groupby(["role", "host", "url"], sort=True, observed=True):
             failed = group[~group["ok"]]
@@ -719,11 +509,13 @@ class MetricsSeries:
                 "role": role, "host": host, "url": url,
                 "scrapes": len(group), "failed": len(failed),
                 "last_error": failed["error"].iloc[-1] if len(failed) else "",
+                "with_problems": int(group["problems"].notna().sum()),
+                "last_problem": group["problems"].dropna().iloc[-1] if group["problems"].notna().any() else "",
                 "first": group["ts"].min(), "last": group["ts"].max(),
                 "series": int(series[["metric", "labels"]].drop_duplicates().shape[0]) - 1 if len(series) else 0,
             })
-        return pd.DataFrame(rows, columns=["role", "host", "url", "scrapes", "failed", "last_error", "first",
-                                           "last", "series"])
+        return pd.DataFrame(rows, columns=["role", "host", "url", "scrapes", "failed", "last_error",
+                                           "with_problems", "last_problem", "first", "last", "series"])
 
     def _title(self) -> str:
         failed = int((~self.scrapes["ok"]).sum())

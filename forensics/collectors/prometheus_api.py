@@ -32,13 +32,13 @@ import pandas as pd
 from ..exitcodes import EnvironmentProblem
 from . import bounded_http
 from .bounded_http import PROMETHEUS_LIMITS, LimitExceeded, ReadLimits
+from .exposition import family_of
 from .metrics import (
     SCRAPES_SCHEMA,
     ExpositionPage,
     MetricsSeries,
     _describe,
     _empty,
-    _family_of,
     add_rates,
     canonical_name,
     redact_url,
@@ -161,7 +161,7 @@ class PrometheusAPI:
             role = labels.pop(self.role_label, "")
             host = labels.pop(self.host_label, instance)
             canon = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
-            kind, is_cumulative = _family_of(name, types)
+            kind, is_cumulative = family_of(name, types)
             for when, text in points:
                 ts.append(int(round(float(when) * 1000)) * 1_000_000)
                 page.metric.append(name)
