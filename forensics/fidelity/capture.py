@@ -133,7 +133,7 @@ def answer_keys(body: bytes) -> list[str] | None:
 
 def metric_families(page: bytes | str) -> dict[str, dict]:
     """Family -> {"type", "labels" (names), "samples" (sample names)} of one ``/metrics`` page."""
-    parsed = parse_exposition(page)
+    parsed = parse_exposition(page, strict=True)  # a capture is exact: an unreadable line stops it
     families: dict[str, dict] = {
         name: {"type": kind, "labels": set(), "samples": set()} for name, kind in parsed.types.items()}
     for metric, labels in zip(parsed.metric, parsed.labels, strict=True):
