@@ -325,6 +325,18 @@ def test_a_twin_copy_shares_no_writable_inode_with_the_cache(seeded, tmp_path):
     assert sglang_source.cached(VERSION) is not None  # the cache is untouched: no mismatch at all
 
 
+def test_a_twin_copy_leaves_the_caches_bytecode_behind(seeded, tmp_path):
+    from forensics.twin.api import copy_release
+
+    # What a Python that writes bytecode leaves in the cache when the sandbox imports from it.
+    pycache = seeded.root / "sglang" / "srt" / "disaggregation" / "__pycache__"
+    pycache.mkdir()
+    (pycache / "utils.cpython-311.pyc").write_bytes(b"\x00" * 16)
+    site = copy_release(seeded.root, tmp_path / "twin" / "site-packages")
+    assert not list((site / "sglang").rglob("__pycache__"))
+    assert (site / NIXL_CONN).is_file()
+
+
 def test_a_twin_copy_of_a_tampered_cache_gets_the_real_release(seeded, tmp_path):
     from forensics.twin.api import copy_release
 

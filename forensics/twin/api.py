@@ -445,6 +445,9 @@ def copy_release(source_root: Path, destination: Path) -> Path:
     when the release was unpacked). Other files (JSON configs, .so, ...), which the twin never
     imports, are hard-linked only when the cache's file is read-only, else copied. (root can
     still write a read-only file; the cache's size/mtime check on every reuse catches that.)
+    Bytecode caches are not the release: ``__pycache__`` is left out (a Python that writes
+    bytecode fills the cache's with files that the cache's own check removes, which raced this
+    copy; and a copied ``.pyc`` could outlive a later patch of its source).
     """
     import stat
 
@@ -473,7 +476,8 @@ def copy_release(source_root: Path, destination: Path) -> Path:
         shutil.copy2(src, dst)
         os.chmod(dst, mode | stat.S_IWUSR)
 
-    shutil.copytree(source_root / "sglang", target, copy_function=copy_or_link)
+    shutil.copytree(source_root / "sglang", target, copy_function=copy_or_link,
+                    ignore=shutil.ignore_patterns("__pycache__"))
     return destination
 
 
