@@ -81,6 +81,13 @@ def _evidence() -> Evidence:
         "value": [7.0, 7.0, 7.0], "value_int": pd.array([7, 7, 7], dtype="Int64"),
         "value_text": pd.array(["7"] * 3, dtype="string"), "rate": [float("nan")] * 3, "scrape_ok": [True] * 3,
         "error": pd.array([pd.NA] * 3, dtype="string")})
+    # A histogram whose name says "queue": its bucket and its _created timestamp are no queue depth.
+    histogram = metrics.iloc[:2].copy()
+    histogram["metric"] = histogram["metric_canonical"] = pd.array(
+        ["sglang:queue_time_seconds_bucket", "sglang:queue_time_seconds_created"], dtype="string")
+    histogram["type"] = pd.array(["histogram"] * 2, dtype="string")
+    histogram["value"] = [3.0, 1796150000.0]
+    metrics = pd.concat([metrics, histogram], ignore_index=True)
     gaps = [Gap("settings", "prefill-0 (local)", f"server args unreadable (api_key={SECRET})", "pip install py-spy")]
     return Evidence({"name": "pd-test", "sglang": "0.5.15", "backend": "nixl"},
                     {"engines": engines, "probes": probes, "processes": processes, "thread_check": thread_check,
@@ -199,6 +206,7 @@ def test_every_sre_section_is_there_with_the_evidence_behind_it(written):
     assert "Requests affected:" in md and "2 of 3 liveness probe(s)" in md and "Duration: at least" in md
     assert "health probe(s) answered 200 while the verdict was WEDGED" in md
     assert "stayed at 7 over 3 sample(s)" in md  # the frozen gauge
+    assert "queue_time_seconds" not in md and "1.79615e+09" not in md  # a histogram is no gauge
     assert "NIXL prefill loop has no case for it" in md and "sglang/srt/disaggregation/nixl/conn.py:1301" in md
     assert "| Handle ABORT in the nixl prefill bootstrap loop | prevent |   |" in md  # owner left blank
     assert "| 1 | liveness | PASS |" in md  # the campaign table

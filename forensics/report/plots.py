@@ -12,6 +12,8 @@ from typing import Any
 
 import pandas as pd
 
+from .gauges import queue_gauge_rows
+
 HASH_SALT = "pd-forensics-report"
 _RC = {"svg.hashsalt": HASH_SALT, "svg.fonttype": "path", "font.family": "DejaVu Sans", "font.size": 9,
        "axes.grid": True, "grid.alpha": 0.3}
@@ -74,11 +76,12 @@ QUEUE_PREFIXES = ("sglang:num_prefill_bootstrap", "sglang:num_decode", "sglang:n
 
 def gauges_plot(metrics: pd.DataFrame | None, t0: pd.Timestamp | None) -> str | None:
     """The PD queue gauges over time: requests (count) per gauge and engine."""
-    if metrics is None or not len(metrics) or t0 is None or "metric_canonical" not in metrics:
+    gauges = queue_gauge_rows(metrics)
+    if gauges is None or not len(gauges) or t0 is None:
         return None
     import matplotlib
 
-    frame = metrics[metrics["ts"].notna() & metrics["metric_canonical"].astype(str).str.contains("queue|bootstrap")]
+    frame = gauges[gauges["ts"].notna()]
     if not len(frame):
         return None
     with matplotlib.rc_context(_RC):

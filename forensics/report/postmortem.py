@@ -18,6 +18,7 @@ import pandas as pd
 from forensics.exitcodes import Undecided
 
 from .blocks import Bullets, Para, Placeholder, Plot, Section, Sub, Table
+from .gauges import queue_gauge_rows
 from .investigation import Investigation
 from .timefmt import span, stamp, utc
 
@@ -284,11 +285,8 @@ def _detection(x: _Inputs) -> Section:
 
 
 def _gauges_missed(x: _Inputs) -> list[str]:
-    metrics = x.frame("metrics")
-    if metrics is None or "metric_canonical" not in metrics:
-        return ["Gauges: no queue gauges in the evidence."]
-    gauges = metrics[metrics["metric_canonical"].astype(str).str.contains("queue|bootstrap")]
-    if not len(gauges):
+    gauges = queue_gauge_rows(x.frame("metrics"))
+    if gauges is None or not len(gauges):
         return ["Gauges: no queue gauges in the evidence."]
     out = []
     host = gauges["host"].astype(str) if "host" in gauges else pd.Series([""] * len(gauges), index=gauges.index)
