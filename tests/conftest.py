@@ -120,15 +120,15 @@ def _no_leaked_processes_or_ports(request):
 
 
 def pytest_collection_modifyitems(config, items):
-    # pytest-xdist hands out whole files (--dist loadfile) in this order (--no-loadscope-reorder).
-    # The real-engine modules are the longest (a deployment each, minutes): they go first, so that
-    # a worker never ends the run on one of them; then, as xdist's own reorder would, the files
-    # with the most tests (a rough stand-in for the longest).
     if config.getoption("fast_lane"):
         left_out = [item for item in items if _outside_fast_lane(item)]
         if left_out:
             config.hook.pytest_deselected(items=left_out)
             items[:] = [item for item in items if not _outside_fast_lane(item)]
+    # pytest-xdist hands out whole files (--dist loadfile) in this order (--no-loadscope-reorder).
+    # The real-engine modules are the longest (a deployment each, minutes): they go first, so that
+    # a worker never ends the run on one of them; then, as xdist's own reorder would, the files
+    # with the most tests (a rough stand-in for the longest).
     per_file = Counter(item.path for item in items)
     items.sort(key=lambda item: (0 if "engine" in item.keywords else 1, -per_file[item.path]))
     if os.environ.get(LIVE_INVENTORY_ENV):
