@@ -514,7 +514,7 @@ def test_series_renders_in_a_notebook_and_plots(servers):
 
     server = servers(twin_page("0.5.11"))
     with mc.MetricsScraper([("prefill", "p0", server.url)], interval_s=0.1) as scraper:
-        assert scraper.wait_for(4, DEADLINE_S)
+        assert scraper.wait_for(4, DEADLINE_S, ok=True)  # good ones: a loaded machine fails some
     series = scraper.result()
     html = series._repr_html_()
     assert "<table" in html and "p0" in html and "scrapes" in html
