@@ -121,10 +121,11 @@ def _no_leaked_processes_or_ports(request):
 
 def pytest_collection_modifyitems(config, items):
     if config.getoption("fast_lane"):
-        left_out = [item for item in items if _outside_fast_lane(item)]
+        outside = [_outside_fast_lane(item) for item in items]
+        left_out = [item for item, out in zip(items, outside, strict=True) if out]
         if left_out:
             config.hook.pytest_deselected(items=left_out)
-            items[:] = [item for item in items if not _outside_fast_lane(item)]
+            items[:] = [item for item, out in zip(items, outside, strict=True) if not out]
     # pytest-xdist hands out whole files (--dist loadfile) in this order (--no-loadscope-reorder).
     # The real-engine modules are the longest (a deployment each, minutes): they go first, so that
     # a worker never ends the run on one of them; then, as xdist's own reorder would, the files

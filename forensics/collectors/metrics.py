@@ -201,7 +201,6 @@ class _Scrape:
     http_status: int | None
     duration_s: float
     page: ExpositionPage | None
-    problems: str | None = None
 
 
 def metrics_url(url: str) -> str:
@@ -250,8 +249,7 @@ def scrape_once(role: str, host: str, url: str, *, timeout_s: float = 5.0,
     except Exception as exc:  # every failure is evidence: recorded, not raised
         return _Scrape(ts_ns, role, host, redact_url(target), False, _describe(exc), status,
                        time.perf_counter() - started, None)
-    return _Scrape(ts_ns, role, host, redact_url(target), True, None, status, time.perf_counter() - started, page,
-                   page.problems_text())
+    return _Scrape(ts_ns, role, host, redact_url(target), True, None, status, time.perf_counter() - started, page)
 
 
 class _HTTPStatus(Exception):
@@ -433,7 +431,8 @@ def _scrapes_frame(scrapes: list[_Scrape]) -> pd.DataFrame:
         "http_status": pd.Series(pd.arrays.IntegerArray(
             status, np.array([s.http_status is None for s in scrapes], dtype=bool))),
         "duration_s": np.array([s.duration_s for s in scrapes], dtype=np.float64),
-        "problems": pd.Series([s.problems for s in scrapes], dtype="string"),
+        "problems": pd.Series([s.page.problems_text() if s.page is not None else None for s in scrapes],
+                              dtype="string"),
         "samples": pd.Series(pd.arrays.IntegerArray(
             np.array([len(s.page) if s.page is not None else 0 for s in scrapes], dtype=np.int64),
             np.zeros(n, dtype=bool))),
