@@ -20,6 +20,11 @@ default options, ``--runs`` times on the real engine and ``--twin-runs`` times o
 per release, as an operator would: each unpatched run wedges it, so its prefill and decode are
 restarted together before the next (a wedged 0.5.15 prefill must be SIGKILLed, and the decode
 blocks on a restarted prefill); then ``patch deploy`` and the patched runs on the same deployment.
+
+A sweep of every release at 10 runs takes hours, so results are kept: each command's row is saved to
+``benchmarks/real_engine_runs.json`` the moment its runs end (a new campaign of the same release,
+engine and command replaces the old row), and the section is written from everything saved, each
+row with the date and load it was measured at. ``--runs 0`` or ``--twin-runs 0`` skips that engine.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ SECTION_END = "<!-- real-engine:end -->"
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = ("prefill", "decode", "router")
 MODEL = "slow-prefill"
+STORE = Path(__file__).with_name("real_engine_runs.json")
 GIB = 1 << 30
 KILL_ATTEMPTS = 3
 
@@ -168,8 +174,9 @@ def _command(inventory: Path, argv: tuple[str, ...]) -> dict:
             "observed_by": observed, "summary": str(doc.get("summary") or done.stderr[-300:])}
 
 
-def real_acceptance(release: str, runs: int, progress=print) -> tuple[list[dict], dict]:
-    """The four commands ``runs`` times each on one real deployment of ``release``."""
+def real_acceptance(release: str, runs: int, progress=print, on_row=lambda row: None) -> tuple[list[dict], dict]:
+    """The four commands ``runs`` times each on one real deployment of ``release``; ``on_row`` gets each
+    command's row as soon as its runs end."""
     results: dict[str, list[dict]] = {name: [] for name, *_ in storm_kv_hits.COMMANDS}
     costs: dict[str, list[float]] = {"restart prefill+decode": [], "patch deploy": []}
     with tempfile.TemporaryDirectory() as directory:
@@ -196,6 +203,7 @@ def real_acceptance(release: str, runs: int, progress=print) -> tuple[list[dict]
                             started = time.monotonic()
                             dep.restart(("prefill", "decode"))
                             costs["restart prefill+decode"].append(time.monotonic() - started)
+                    on_row(_row(release, "sglang", name, argv, _expected, results[name]))
         finally:
             dep.take_down()
     return [_row(release, "sglang", name, argv, expected, results[name])
@@ -208,7 +216,7 @@ def _command_raw(inventory: Path, argv: tuple[str, ...]) -> subprocess.Completed
                           capture_output=True, text=True, env=env, timeout=3600)
 
 
-def twin_acceptance(release: str, runs: int, progress=print) -> list[dict]:
+def twin_acceptance(release: str, runs: int, progress=print, on_row=lambda row: None) -> list[dict]:
     rows = []
     for name, patched, argv, expected in storm_kv_hits.COMMANDS:
         results = []
@@ -216,6 +224,7 @@ def twin_acceptance(release: str, runs: int, progress=print) -> list[dict]:
             results.append(storm_kv_hits.one_run(release, patched, argv))
             progress(f"twin {release} {name} run {run + 1}/{runs}: exit {results[-1]['exit']}")
         rows.append(_row(release, "twin", name, argv, expected, results))
+        on_row(rows[-1])
     return rows
 
 
@@ -227,7 +236,37 @@ def _row(release: str, engine: str, name: str, argv, expected: int, results: lis
             "aborts_min": min((r["prealloc"] + r["transfer"] for r in results), default=0),
             "observed_by": dict(Counter(o for r in results for o in r["observed_by"])),
             "wall_s_mean": sum(r["wall_s"] for r in results) / len(results) if results else 0.0,
-            "misses": [r["summary"] for r in results if r["exit"] != expected][:2]}
+            "misses": [r["summary"] for r in results if r["exit"] != expected][:2],
+            "measured": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "load_1m": round(os.getloadavg()[0], 1)}
+
+
+# -------------------------------------------------------------------------------------- store
+
+
+def load_store(path: Path = STORE) -> dict:
+    """What earlier runs saved: {"figures": ..., "rows": [...], "costs": {release: ...}}."""
+    if not path.exists():
+        return {"figures": None, "rows": [], "costs": {}}
+    try:
+        store = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise SystemExit(f"{path}: not JSON ({err}); move it aside to start a fresh store") from err
+    return {"figures": store.get("figures"), "rows": list(store.get("rows") or []), "costs": dict(store.get("costs") or {})}
+
+
+def keep_row(store: dict, row: dict) -> None:
+    """A new campaign of the same release, engine and command replaces the old one."""
+    key = (row["release"], row["engine"], row["command"])
+    store["rows"] = [r for r in store["rows"] if (r["release"], r["engine"], r["command"]) != key] + [row]
+
+
+def save_store(store: dict, path: Path = STORE) -> None:
+    order = {release: i for i, release in enumerate(storm_kv_hits.RELEASES)}
+    commands = {name: i for i, (name, *_rest) in enumerate(storm_kv_hits.COMMANDS)}
+    store["rows"].sort(key=lambda r: (order.get(r["release"], 99), r["engine"] != "twin", commands.get(r["command"], 99)))
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(store, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    temporary.replace(path)
 
 
 # ----------------------------------------------------------------------------------- section
@@ -237,17 +276,16 @@ def _processes(count: int) -> str:
     return f"{count} process" if count == 1 else f"{count} processes"
 
 
-def section(figures_release: str, figs: dict | None, rows: list[dict], costs: dict[str, dict],
-            load_before: tuple[float, float, float]) -> str:
-    load = os.getloadavg()
+def section(store: dict) -> str:
     lines = [SECTION_START, "## Real sglang beside the twin (`python -m benchmarks real_engine`)", "",
-             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; load average {load_before[0]:.1f} at the start, "
-             f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end; {os.cpu_count()} CPUs, "
-             f"{psutil.virtual_memory().total / GIB:.0f} GiB. Real engine: `--model {MODEL}`, NIXL over UCX on "
-             "loopback.", ""]
+             f"{os.cpu_count()} CPUs, {psutil.virtual_memory().total / GIB:.0f} GiB. Real engine: `--model {MODEL}`, "
+             "NIXL over UCX on loopback. Each table row is one campaign, with when it ran and the 1-minute load "
+             "average at its end; rows are kept in `benchmarks/real_engine_runs.json` between runs.", ""]
+    figs = store.get("figures")
     if figs:
-        lines += [f"### sglang {figures_release}: the same figures, each engine in the same run", "",
-                  "| figure | twin | real sglang |", "|---|---|---|",
+        lines += [f"### sglang {figs['release']}: the same figures, each engine in the same run "
+                  f"({figs['measured']}, load {figs['load_before']:.1f} at the start, {figs['load_after']:.1f} at the end)",
+                  "", "| figure | twin | real sglang |", "|---|---|---|",
                   f"| up (every role answering) | {figs['twin']['up_s']:.1f} s | {figs['sglang']['up_s']:.1f} s |"]
         for role in ROLES:
             cells = [f"{figs[e]['memory'][role]['rss_gib']:.2f} GiB ({_processes(figs[e]['memory'][role]['processes'])})"
@@ -259,17 +297,19 @@ def section(figures_release: str, figs: dict | None, rows: list[dict], costs: di
                      f"{figs['twin']['kill']['kill_to_wedged_s']:.1f} s | "
                      f"{figs['sglang']['kill']['kill_to_wedged_s']:.1f} s |")
         lines.append("")
+    rows = store.get("rows") or []
     if rows:
         lines += ["### The acceptance commands, default options", "",
                   "| release | engine | command | as expected | exits | aborts prealloc + transfer (fewest in a run) "
-                  "| kills chosen by | mean wall |", "|---|---|---|---|---|---|---|---|"]
+                  "| kills chosen by | mean wall | measured (load) |", "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             exits = ", ".join(f"{code}: {n}" for code, n in sorted(r["exits"].items()))
             chosen = ", ".join(f"{k} {v}" for k, v in sorted(r["observed_by"].items())) or "-"
+            when = f"{r['measured']} ({r['load_1m']:.1f})" if "measured" in r else "-"
             lines.append(f"| {r['release']} | {r['engine']} | `{r['command']}` | **{r['as_expected']} of {r['runs']}** "
                          f"(exit {r['expected']}) | {exits} | {r['prealloc']} + {r['transfer']} ({r['aborts_min']}) | "
-                         f"{chosen} | {r['wall_s_mean']:.1f} s |")
-        for release, cost in costs.items():
+                         f"{chosen} | {r['wall_s_mean']:.1f} s | {when} |")
+        for release, cost in store.get("costs", {}).items():
             parts = [f"{k} {sum(v) / len(v):.0f} s (x{len(v)})" for k, v in cost.items() if v]
             lines.append(f"\nReal {release}, one deployment reused: " + ", ".join(parts) + ".")
         for r in rows:
@@ -290,20 +330,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-figures", action="store_true")
     parser.add_argument("--skip-acceptance", action="store_true")
     args = parser.parse_args(argv)
-    load_before = os.getloadavg()
+    chosen = []
+    for item in [] if args.skip_acceptance else args.release or ["0.5.15"]:
+        release, _, runs = item.partition("=")
+        if release not in storm_kv_hits.RELEASES or (runs and not runs.isdigit()):
+            parser.error(f"--release {item!r}: expected one of {', '.join(storm_kv_hits.RELEASES)}, optionally =RUNS")
+        chosen.append((release, int(runs) if runs else args.runs))
     say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
-    figs = None if args.skip_figures else figures(args.figures_release, say)
+    store = load_store()
+    write = not args.no_write
+
+    def keep(row: dict) -> None:
+        keep_row(store, row)
+        if write:
+            save_store(store)
+
     rows: list[dict] = []
-    costs: dict[str, dict] = {}
-    if not args.skip_acceptance:
-        for item in args.release or ["0.5.15"]:
-            release, _, runs = item.partition("=")
-            if release not in storm_kv_hits.RELEASES or (runs and not runs.isdigit()):
-                parser.error(f"--release {item!r}: expected one of {', '.join(storm_kv_hits.RELEASES)}, optionally =RUNS")
-            if args.twin_runs:
-                rows += twin_acceptance(release, args.twin_runs, say)
-            real_rows, costs[release] = real_acceptance(release, int(runs) if runs else args.runs, say)
+    if not args.skip_figures:
+        load_before = os.getloadavg()[0]
+        figs = figures(args.figures_release, say)
+        store["figures"] = {**figs, "release": args.figures_release, "load_before": load_before,
+                            "load_after": os.getloadavg()[0], "measured": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"}
+        if write:
+            save_store(store)
+    for release, runs in chosen:
+        if args.twin_runs:
+            rows += twin_acceptance(release, args.twin_runs, say, on_row=keep)
+        if runs:
+            real_rows, costs = real_acceptance(release, runs, say, on_row=keep)
+            store["costs"][release] = costs
+            if write:
+                save_store(store)
             rows += real_rows
-    publish(section(args.figures_release, figs, rows, costs, load_before), SECTION_START, SECTION_END,
-            write=not args.no_write)
+    publish(section(store), SECTION_START, SECTION_END, write=write)
     return 0 if all(r["as_expected"] == r["runs"] for r in rows) else 1
