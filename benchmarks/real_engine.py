@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -174,7 +175,8 @@ def _command(inventory: Path, argv: tuple[str, ...]) -> dict:
             "observed_by": observed, "summary": str(doc.get("summary") or done.stderr[-300:])}
 
 
-def real_acceptance(release: str, runs: int, progress=print, on_row=lambda row: None) -> tuple[list[dict], dict]:
+def real_acceptance(release: str, runs: int, progress=print, on_row=lambda row: None,
+                    commands: tuple[str, ...] | None = None) -> tuple[list[dict], dict]:
     """The four commands ``runs`` times each on one real deployment of ``release``; ``on_row`` gets each
     command's row as soon as its runs end."""
     results: dict[str, list[dict]] = {name: [] for name, *_ in storm_kv_hits.COMMANDS}
@@ -192,7 +194,7 @@ def real_acceptance(release: str, runs: int, progress=print, on_row=lambda row: 
                     if deployed.returncode != 0:
                         raise RuntimeError(f"patch deploy failed: {deployed.stdout[-500:]} {deployed.stderr[-500:]}")
                 for name, wants_patch, argv, _expected in storm_kv_hits.COMMANDS:
-                    if wants_patch != patched:
+                    if wants_patch != patched or (commands and name not in commands):
                         continue
                     for run in range(runs):
                         result = _command(dep.inventory_path, argv)
@@ -207,7 +209,7 @@ def real_acceptance(release: str, runs: int, progress=print, on_row=lambda row: 
         finally:
             dep.take_down()
     return [_row(release, "sglang", name, argv, expected, results[name])
-            for name, _patched, argv, expected in storm_kv_hits.COMMANDS], costs
+            for name, _patched, argv, expected in storm_kv_hits.COMMANDS if results[name]], costs
 
 
 def _command_raw(inventory: Path, argv: tuple[str, ...]) -> subprocess.CompletedProcess:
@@ -216,9 +218,12 @@ def _command_raw(inventory: Path, argv: tuple[str, ...]) -> subprocess.Completed
                           capture_output=True, text=True, env=env, timeout=3600)
 
 
-def twin_acceptance(release: str, runs: int, progress=print, on_row=lambda row: None) -> list[dict]:
+def twin_acceptance(release: str, runs: int, progress=print, on_row=lambda row: None,
+                    commands: tuple[str, ...] | None = None) -> list[dict]:
     rows = []
     for name, patched, argv, expected in storm_kv_hits.COMMANDS:
+        if commands and name not in commands:
+            continue
         results = []
         for run in range(runs):
             results.append(storm_kv_hits.one_run(release, patched, argv))
@@ -329,7 +334,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--figures-release", default="0.5.15")
     parser.add_argument("--skip-figures", action="store_true")
     parser.add_argument("--skip-acceptance", action="store_true")
+    parser.add_argument("--command", action="append", choices=[name for name, *_ in storm_kv_hits.COMMANDS],
+                        help="run only this acceptance command (repeatable; default: all four)")
     args = parser.parse_args(argv)
+    # A SIGTERM (a timeout, a kill) unwinds like Ctrl-C, so every deployment's ``finally`` takes it down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    commands = tuple(args.command or ())
     chosen = []
     for item in [] if args.skip_acceptance else args.release or ["0.5.15"]:
         release, _, runs = item.partition("=")
@@ -355,10 +365,11 @@ def main(argv: list[str] | None = None) -> int:
             save_store(store)
     for release, runs in chosen:
         if args.twin_runs:
-            rows += twin_acceptance(release, args.twin_runs, say, on_row=keep)
+            rows += twin_acceptance(release, args.twin_runs, say, on_row=keep, commands=commands)
         if runs:
-            real_rows, costs = real_acceptance(release, runs, say, on_row=keep)
-            store["costs"][release] = costs
+            real_rows, costs = real_acceptance(release, runs, say, on_row=keep, commands=commands)
+            kept = store["costs"].get(release, {})
+            store["costs"][release] = {**kept, **{k: v for k, v in costs.items() if v}}  # a partial run keeps the rest
             if write:
                 save_store(store)
             rows += real_rows
