@@ -36,13 +36,17 @@ ENGINE_EXTRAS = (
     "sglang-router==0.3.2",
 )
 
-# The imported dependencies and theirs, as pip resolved them for 0.5.15's measured list.
+# The imported dependencies and theirs, as pip resolved them for 0.5.15's measured list, but for
+# fastapi: 0.137.0 began to put an included router in ``app.routes`` as an ``_IncludedRouter`` with
+# no ``path``, and sglang 0.5.13-0.5.16's metrics middleware reads ``route.path`` of each route
+# (``_get_fastapi_request_path``, utils/common.py:2385 in 0.5.15), so with the newest fastapi every
+# included route, ``/v1/loads`` among them, answers 500. 0.136.3 is the last release before that.
 DEPENDENCIES = (
     "aiohappyeyeballs==2.7.1", "aiohttp==3.14.5", "aiosignal==1.4.0", "annotated-doc==0.0.7",
     "annotated-types==0.8.0", "anthropic==2.15.0", "anyio==4.16.0", "asttokens==3.0.2", "attrs==26.1.0",
     "blobfile==3.0.0", "certifi==2026.10.19.post1", "cffi==2.1.1", "charset-normalizer==3.5.3",
     "click==8.5.1", "compressed-tensors==0.20.1", "dill==0.4.1", "distro==1.9.0",
-    "docstring_parser==0.18.0", "einops==0.8.2", "executing==2.3.0", "fastapi==0.165.0",
+    "docstring_parser==0.18.0", "einops==0.8.2", "executing==2.3.0", "fastapi==0.136.3",
     "filelock==4.3.1", "frozenlist==1.8.0", "fsspec==2026.9.0", "gguf==0.19.0", "h11==0.16.0",
     "hf-xet==1.8.0", "httpcore==1.0.9", "httpcore2==2.16.2", "httpx==0.28.1", "httpx2==2.16.2",
     "huggingface_hub==1.33.0", "idna==3.20", "interegular==0.3.3", "ipython==9.18.1",
