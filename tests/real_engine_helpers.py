@@ -64,7 +64,8 @@ def cli_deployment(directory: Path, waiting_timeout_s: int) -> Iterator[tuple]:
         yield attach(document["inventory"]), document
     finally:
         if (directory / "inventory.toml").exists():
-            run_forensics("twin", "down", "--inventory", str(directory / "inventory.toml"), timeout=300)
+            down = run_forensics("twin", "down", "--inventory", str(directory / "inventory.toml"), "--json", timeout=300)
+            print(f"\nreal-engine deployment down (exit {down.returncode}): {down.stdout.strip()[-2000:]}")
 
 
 def assert_wedged_as_in_production(deployment, document: dict, health_deadline_s: float) -> None:

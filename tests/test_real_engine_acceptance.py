@@ -1,22 +1,28 @@
-"""Acceptance on real sglang 0.5.15 (the CI lane): the wedge, the fix deployed, the fix holding.
+"""Acceptance on real sglang 0.5.15 (the CI lane): the twin checked against it, the wedge, the fix
+deployed, the fix holding.
 
 One real deployment for the module (``twin up --engine sglang``, the slow-prefill model, so that a
 3000-token prompt keeps the prefill busy long enough for a client to die while its KV is pending),
 started unpatched through the CLI. The tests run in order on it, in one worker (``--dist loadfile``):
 
-1. ``patch status`` says ``cpu-adapted`` (exit 1);
-2. one client killed while its KV is pending wedges it as in production: the decode aborts the
-   request and sends ABORT, the prefill's ``bootstrap_thread`` dies on the GUARD assertion (its
-   traceback in the prefill's log), py-spy no longer finds the thread, ``/health`` answers 200 on all
-   three, a real request does not complete, and ``diagnose`` says WEDGED (exit 1);
-3. ``patch deploy --yes`` writes the fix into the deployment's own clone of the engine environment,
+1. the fidelity check, fresh on both sides: the fidelity scenario (start-up, a served request, a
+   client killed while its KV is pending, the bootstrap_thread's death, a waiting timeout) on this
+   deployment and on a fresh twin; the comparison finds no difference in the /metrics families,
+   types, labels and samples, in the lines ``forensics logs`` recognises, in the signatures per
+   event or in the endpoints' answers (what the twin does not match yet is a strict xfail);
+2. ``patch status`` says ``cpu-adapted`` (exit 1);
+3. the scenario's one killed client wedged it as in production: the decode aborted the request and
+   sent ABORT, the prefill's ``bootstrap_thread`` died on the GUARD assertion (its traceback in the
+   prefill's log), py-spy no longer finds the thread, ``/health`` answers 200 on all three, a real
+   request does not complete, and ``diagnose`` says WEDGED (exit 1);
+4. ``patch deploy --yes`` writes the fix into the deployment's own clone of the engine environment,
    restarts the wedged prefill (killed after its bounded SIGTERM wait) and, since 0.5.15's decode
    blocks on a restarted prefill, the decode; it proves liveness with a real request;
-4. ``patch status`` says ``patched (on the CPU-adapted file)`` (exit 0);
-5. the same kill again: the patched prefill logs the ABORT, its thread lives, the next request is
+5. ``patch status`` says ``patched (on the CPU-adapted file)`` (exit 0);
+6. the same kill again: the patched prefill logs the ABORT, its thread lives, the next request is
    answered;
-6. ``validate`` PASSes;
-7. ``patch rollback --yes`` puts the adapted bytes back (slow-marked: out of CI's budget).
+7. ``validate`` PASSes;
+8. ``patch rollback --yes`` puts the adapted bytes back (slow-marked: out of CI's budget).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from real_engine_helpers import assert_wedged_as_in_production, cli_deployment, 
 
 from forensics.engine import clone, environment, state
 from forensics.engine.adaptations import NIXL_CONN
+from forensics.fidelity.capture import Capture
 from forensics.inventory import load
 from patched_engine.baselines import release_conn
 from patched_engine.deploy_steps import planned
@@ -55,8 +62,50 @@ def real(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def fidelity(real, tmp_path_factory):
+    """``forensics twin fidelity`` on the lane's deployment, first thing after its start-up (the scenario
+    ends with it wedged), against a twin the command starts: (its JSON document, the real capture)."""
+    deployment, document = real
+    where = tmp_path_factory.mktemp("fidelity")
+    started = time.monotonic()
+    done = run_forensics("twin", "fidelity", "--sglang", VERSION, "--real-inventory", document["inventory"],
+                         "--save-real", str(where / "real.json"), "--raw", str(where / "raw"), "--json", timeout=1800)
+    print(f"\ntwin fidelity: exit {done.returncode} in {time.monotonic() - started:.1f} s")
+    report = one_document(done.stdout)
+    assert done.returncode == (1 if report["counts"] else 0) and report["release"] == VERSION, done.stderr[-3000:]
+    print(json.dumps(report["counts"]), [d for d in report["differences"] if not d["allowed"]][:40])
+    return report, Capture.load(where / "real.json")
+
+
+@pytest.fixture(scope="module")
 def release():
     return release_conn(VERSION)
+
+
+def unallowed(report: dict, *aspects: str) -> list[dict]:
+    return [d for d in report["differences"] if not d["allowed"] and d["aspect"] in aspects]
+
+
+def test_the_twin_matches_real_sglang_through_the_same_events(fidelity):
+    """Metrics (families, types, labels, samples), every real line recognised by ``forensics logs``,
+    the twin's signatures per event in the real formats, the endpoints' statuses and keys."""
+    report, real_capture = fidelity
+    outcomes = real_capture.outcomes
+    assert outcomes["served"] == "200" and "bootstrap_thread died" in outcomes["abort"], outcomes
+    assert "timed out after" in outcomes["waiting_timeout"], outcomes
+    for aspect in ("metrics", "reader", "logs", "endpoints"):
+        assert not unallowed(report, aspect), unallowed(report, aspect)
+    for role in ("prefill", "decode"):
+        assert not [name for name in real_capture.metrics[role] if name.endswith("_created")]
+        assert report["figures"]["families"][role]["real"] > 60, report["figures"]  # the page whole, at the end
+
+
+@pytest.mark.xfail(strict=True, reason="the twin runs one process per role (sglang: the HTTP server, its "
+                   "scheduler, detokenizer and resource tracker), and its /generate lacks 0.5.15's timing keys "
+                   "and output_ids: docs/fidelity.md, 'Not yet matched'")
+def test_processes_threads_and_generate_answer_match(fidelity):
+    report, _real = fidelity
+    assert not unallowed(report, "processes", "threads", "generate")
 
 
 def patch(*args: str, timeout: float = 2400):  # two real restarts: minutes each on a loaded machine
@@ -92,14 +141,14 @@ def kill_a_client_while_its_kv_is_pending(deployment) -> None:
     assert "the decode aborted the transfer" in detail, detail
 
 
-def test_one_killed_client_wedges_the_unpatched_prefill_and_diagnose_says_wedged(real):
+def test_one_killed_client_wedged_the_unpatched_prefill_and_diagnose_says_wedged(real, fidelity):
+    """The fidelity scenario's killed client (its abort event) is the kill that wedged it."""
     deployment, document = real
-    log_before = len(deployment.log_text("prefill"))
-    kill_a_client_while_its_kv_is_pending(deployment)
-    wait_until(lambda: GUARD in deployment.log_text("prefill")[log_before:], 300,
-               "the GUARD traceback in the prefill's log")
-    log = deployment.log_text("prefill")[log_before:]
-    assert "Exception in thread" in log and "(bootstrap_thread)" in log and "nixl/conn.py" in log
+    _report, real_capture = fidelity
+    prefill_abort = "\n".join(real_capture.logs["abort"]["prefill"])
+    assert GUARD in prefill_abort
+    assert "Exception in thread" in prefill_abort and "(bootstrap_thread)" in prefill_abort
+    assert "nixl/conn.py" in prefill_abort
     assert_wedged_as_in_production(deployment, document, health_deadline_s=600)
 
 

@@ -244,6 +244,27 @@ def test_0515_endpoints_on_servers_and_router(twin):
 
 
 @pytest.mark.timeout(300)
+def _loads_timed(base_url: str) -> int | None:
+    """The count of ``sglang:get_loads_duration_seconds`` on an engine's /metrics (None: no such family)."""
+    text = httpx.get(base_url + "/metrics", timeout=10, trust_env=False).text
+    counts = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+              if s.name == "sglang:get_loads_duration_seconds_count"]
+    return int(sum(counts)) if counts else None
+
+
+def test_each_v1_loads_is_timed_in_the_histogram_sglang_observes_there(tmp_path_factory, leak_guard):
+    """real 0.5.15 shows the family only after its first /v1/loads (a labelled histogram in
+    multiprocess mode: entrypoints/v1_loads.py observes it in a finally, a refused query too)."""
+    deployment = _up("0.5.15", tmp_path_factory, leak_guard)
+    try:
+        assert _loads_timed(deployment.decode) is None
+        assert _get(deployment.decode + "/v1/loads").status_code == 200
+        assert _get(deployment.decode + "/v1/loads?include=nope").status_code == 400
+        assert _loads_timed(deployment.decode) == 2
+    finally:
+        deployment.down()
+
+
 def test_0515_engine_state_reads_server_info_and_loads(twin):
     for role, url in (("prefill", twin.prefill), ("decode", twin.decode)):
         state = es.read_engine_state(url, engine=role)
@@ -251,6 +272,17 @@ def test_0515_engine_state_reads_server_info_and_loads(twin):
         assert state.endpoints == {"server_info": "/server_info", "loads": "/v1/loads?include=disagg"}
         assert state.version == "0.5.15" and state.backend == "nixl"
         assert state.loads["mode"].tolist() == [role] and state.loads["dp_rank"].tolist() == [0]
+
+
+class _LoadsTimings:
+    """Where the endpoint layer times each /v1/loads (the twin's metrics have the histogram there)."""
+
+    def __init__(self) -> None:
+        self.get_loads_duration = self
+        self.observed: list[float] = []
+
+    def observe(self, seconds: float) -> None:
+        self.observed.append(seconds)
 
 
 class _Engine:
@@ -261,6 +293,7 @@ class _Engine:
                                      context_len=16384, max_total_num_tokens=262144, max_running_requests=4096,
                                      started=1.0)
         self.loads = loads
+        self.metrics = _LoadsTimings()
 
     def load_values(self) -> dict:
         return dict(self.loads)

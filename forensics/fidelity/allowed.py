@@ -26,18 +26,15 @@ class Allowed:
 
 
 ALLOWED: tuple[Allowed, ...] = (
-    Allowed("endpoints", "/v1/loads", "the real engine's environment, not sglang: with fastapi 0.165.0 (the engine "
-            "environment's pin) sglang 0.5.15's HTTP middleware raises AttributeError: '_IncludedRouter' object has "
-            "no attribute 'path' (utils/common.py:2385) and /v1/loads answers 500; the twin answers as sglang does "
-            "with the fastapi it was written for", kind="status"),
-    Allowed("logs", "served: asgi_exception", "the same /v1/loads 500 as above, in the log: uvicorn's "
-            "'Exception in ASGI application' and its traceback (ending in that AttributeError), which the capture "
-            "made on each server by asking /v1/loads; the engine environment's fastapi pin, not sglang",
-            kind="missing"),
     Allowed("logs", "waiting_timeout: prefill_bootstrap_aborted", "the router, not the engine: the twin's router "
             "answers at the decode's failure and closes the prefill's request (as sglang's Rust PD router does), "
             "so the twin's prefill logs sglang's own abort line; sglang-router 0.3.2's mini_lb keeps waiting on the "
             "prefill, whose room never times out on 0.5.15", role="prefill", kind="extra"),
+    Allowed("metrics", "sglang:num_bootstrap_failed_reqs_total", "the same router difference: when the twin's "
+            "router closes the prefill's request at the decode's waiting timeout, the twin's prefill fails the room's "
+            "bootstrap and counts it, as sglang does (observability/metrics_collector.py, "
+            "increment_bootstrap_failed_reqs); mini_lb keeps waiting, so the real prefill's labelled counter never "
+            "gets its first write and multiprocess mode leaves the family off the page", role="prefill", kind="extra"),
     Allowed("generate", "/generate meta_info", "the twin's own instrumentation: kv_bytes, kv_intact and "
             "bootstrap_room prove the KV pages arrived intact (tests and benchmarks read them); they are added, "
             "never in place of a key the real engine writes", kind="extra-keys"),

@@ -54,19 +54,36 @@ class RoleTarget:
     role: str
     url: str
     log_file: Path | None = None
-    pid: int | None = None  # the engine's leader (the HTTP server); found by its port when None
+    pid: int | None = None  # a process of the engine; found by its port when None
 
     def leader(self) -> psutil.Process:
+        """The process serving the URL, whose tree the capture reads (sglang's HTTP server, with its
+        scheduler, detokenizer and resource tracker under it)."""
+        port = urlparse(self.url).port
         if self.pid is not None:
             try:
-                return psutil.Process(self.pid)
+                proc = psutil.Process(self.pid)
             except psutil.Error as exc:
                 raise CaptureError(f"{self.role}: pid {self.pid} is not running ({exc})") from None
-        port = urlparse(self.url).port
+            # An inventory's pid file names the scheduler (where bootstrap_thread runs, py-spy's
+            # target); its tree would hold that process alone, so climb to the one listening.
+            try:
+                lineage = [proc, *proc.parents()]
+            except psutil.Error:
+                lineage = [proc]
+            return next((p for p in lineage if _listens(p, port)), proc)
         for conn in psutil.net_connections("tcp"):
             if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
                 return psutil.Process(conn.pid)
         raise CaptureError(f"{self.role}: no process listens on {self.url}")
+
+
+def _listens(proc: psutil.Process, port: int | None) -> bool:
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   for c in proc.net_connections("tcp"))
+    except psutil.Error:
+        return False
 
 
 @dataclass
@@ -296,10 +313,10 @@ def capture_deployment(target: Target, words, *, raw_dir: str | Path | None = No
                        death_deadline_s: float = 240.0) -> Capture:
     """Run the scenario on ``target`` and capture its surface along the way.
 
-    After the served request: ``/metrics``, the endpoints and the threads of every process (a
-    serving engine's). After the abort: the threads again (the wedged prefill's), kept only in
-    ``raw_dir``. ``raw_dir`` (optional) receives the material as the engine wrote it: each
-    role's ``/metrics`` page, endpoint answers and py-spy dumps, for fixtures.
+    After the served request: the endpoints and the threads of every process (a serving
+    engine's). After the abort: the threads again (the wedged prefill's), kept only in
+    ``raw_dir``. At the end: ``/metrics``. ``raw_dir`` (optional) receives the material as the
+    engine wrote it: each role's ``/metrics`` page, endpoint answers and py-spy dumps, for fixtures.
     """
     from forensics.fidelity import scenario
 
@@ -313,18 +330,23 @@ def capture_deployment(target: Target, words, *, raw_dir: str | Path | None = No
 
     def on_event(event: str) -> None:
         if event == "served":
-            pages: dict[str, bytes] = {}
             bodies: dict[str, dict[str, bytes]] = {}
-            capture_metrics(target, captured, pages)
             capture_endpoints(target, captured, bodies)
             capture_processes(target, captured)
             if raw is not None:
-                for role, page in pages.items():
-                    (raw / f"{role}-metrics.txt").write_bytes(page)
                 for role, answers in bodies.items():
                     for route in ("/server_info", "/get_server_info", "/get_model_info", "/v1/models"):
                         if answers.get(route) and captured.endpoints[role][route]["status"] == 200:
                             (raw / f"{role}{route.replace('/', '-')}.json").write_bytes(answers[route])
+        elif event == "waiting_timeout":
+            # At the end, not after the served request: real sglang's decode scheduler adds its
+            # families to /metrics 10-20 s after the server is ready (measured on 0.5.15: 26 families
+            # at first, 64 from then on), and the comparison is of families, not of values.
+            pages: dict[str, bytes] = {}
+            capture_metrics(target, captured, pages)
+            if raw is not None:
+                for role, page in pages.items():
+                    (raw / f"{role}-metrics.txt").write_bytes(page)
         elif event == "abort" and raw is not None:
             for role in SERVER_ROLES:
                 for row in processes(target.roles[role]):
@@ -333,7 +355,7 @@ def capture_deployment(target: Target, words, *, raw_dir: str | Path | None = No
                         (raw / f"{role}-wedged-{name}.pyspy.json").write_text(json.dumps(row["dump"], indent=1))
 
     marks = scenario.run(target.router, logs, words, waiting_timeout_s=target.waiting_timeout_s, on_event=on_event,
-                         death_deadline_s=death_deadline_s)
+                         death_deadline_s=death_deadline_s, decode_url=target.roles["decode"].url)
     captured.generate = generate_keys(marks.generate_answer)
     captured.logs = log_slices(logs, marks)
     captured.outcomes = dict(marks.outcomes)

@@ -96,20 +96,51 @@ def post_json(url: str, body: dict, timeout: float) -> tuple[int | None, bytes]:
         return None, repr(exc).encode()
 
 
-def kill_streaming_client(router: str, body: dict, after_s: float) -> None:
-    """Send a streaming request and die abruptly (RST, as a killed process's socket does)."""
+def decode_arrivals(decode_url: str) -> Callable[[], int | None]:
+    """The decode's own count of ``/generate`` requests that reached it (``sglang:http_requests_total``)."""
+    from forensics.storm.observer import DecodeArrivals
+
+    return DecodeArrivals([("decode", decode_url)], "/generate").count
+
+
+def kill_streaming_client(router: str, body: dict, after_s: float,
+                          arrivals: Callable[[], int | None] | None = None, deadline_s: float = 180.0) -> str:
+    """Send a streaming request and die abruptly (RST, as a killed process's socket does).
+
+    With ``arrivals`` (the decode's arrival count) the client dies once the decode counts the
+    request, while the prefill still computes the long prompt (its KV pending), however loaded the
+    machine; without, ``after_s`` after sending. Returns which of the two chose the moment."""
     parsed = urllib.parse.urlsplit(router)
     payload = json.dumps(body).encode()
+    before = arrivals() if arrivals is not None else None
     with socket.create_connection((parsed.hostname, parsed.port), timeout=30) as sock:
         sock.sendall(b"POST /generate HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n" % (parsed.netloc.encode(), len(payload)) + payload)
-        time.sleep(after_s)  # the window: the prefill is still computing this prompt
+        if before is None:
+            time.sleep(after_s)  # the window: the prefill is still computing this prompt
+            chosen = f"{after_s:g} s after sending (the decode's arrival count could not be read)"
+        else:
+            began = time.monotonic()
+            while True:
+                now = arrivals()
+                if now is not None and now > before:
+                    break
+                if time.monotonic() - began > deadline_s:
+                    raise ScenarioError(f"abort: the request never reached the decode within {deadline_s:.0f} s "
+                                        f"(its arrival count stayed at {before})")
+                time.sleep(0.05)
+            chosen = f"when the decode counted the request ({time.monotonic() - began:.1f} s after sending)"
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    return chosen
 
 
 def run(router: str, logs: dict[str, Path], words: Callable[[int], str], *, waiting_timeout_s: float,
-        on_event: Callable[[str], None] | None = None, death_deadline_s: float = 240.0) -> Marks:
+        on_event: Callable[[str], None] | None = None, death_deadline_s: float = 240.0,
+        decode_url: str | None = None) -> Marks:
     """Drive the events through ``router``; ``logs`` maps "prefill"/"decode" to their log files.
+
+    ``decode_url``: the decode server, whose arrival counter times the killed client (see
+    :func:`kill_streaming_client`); without it the kill is ``KILL_AFTER_S`` after sending.
 
     ``on_event(name)`` is called after each event (a capture of /metrics after the served request,
     a thread dump of the wedged prefill). Raises :class:`ScenarioError` naming the event that did
@@ -131,11 +162,14 @@ def run(router: str, logs: dict[str, Path], words: Callable[[int], str], *, wait
         on_event("served")
 
     mark("abort")
-    kill_streaming_client(router, {"text": words(LONG_PROMPT_WORDS), "stream": True,
-                                   "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, KILL_AFTER_S)
-    took = _wait_for(logs["prefill"], DEATH_MARK, marks.offsets["abort"]["prefill"], death_deadline_s,
-                     "the death of bootstrap_thread after the client was killed")
-    marks.outcomes["abort"] = f"bootstrap_thread died {took + KILL_AFTER_S:.1f} s after the request"
+    killed_at = time.monotonic()
+    chosen = kill_streaming_client(router, {"text": words(LONG_PROMPT_WORDS), "stream": True,
+                                            "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
+                                   KILL_AFTER_S, decode_arrivals(decode_url) if decode_url else None)
+    _wait_for(logs["prefill"], DEATH_MARK, marks.offsets["abort"]["prefill"], death_deadline_s,
+              "the death of bootstrap_thread after the client was killed")
+    marks.outcomes["abort"] = (f"bootstrap_thread died {time.monotonic() - killed_at:.1f} s after the request; "
+                               f"the client was killed {chosen}")
     if on_event:
         on_event("abort")
 

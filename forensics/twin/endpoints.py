@@ -222,7 +222,7 @@ def _class_constant(root: Path, files: tuple[Path, ...], cls: str, name: str) ->
     return None
 
 
-def _server_arg_fields(root: Path) -> dict[str, Any]:
+def server_arg_fields(root: Path) -> dict[str, Any]:
     """``ServerArgs``' fields and defaults; from 0.5.21 its fields live in the namespace structs of
     ``arg_groups/fields/*.py``, which ``ServerArgs.resolved_dict`` flattens by field name."""
     fields = _class_fields(root, (SERVER_ARGS,), "ServerArgs")[0]
@@ -370,7 +370,7 @@ def read_release(root: str | Path, version: str) -> ReleaseEndpoints:
         found = _returned_dict(server_info, functions)
         spec.server_info_keys = (_spread_keys(root, http, found) + _str_keys(found)) if found is not None else ()
     spec.server_args = {k: (None if v is REQUIRED or v is FACTORY else v)
-                        for k, v in _server_arg_fields(root).items()}
+                        for k, v in server_arg_fields(root).items()}
     spec.ready_keys = _ready_keys(root)
     spec.internal_state_keys = _internal_state_keys(root)
 
@@ -602,9 +602,20 @@ async def fastapi_not_found(request: web.Request, handler):
         return web.json_response({"detail": "Not Found"}, status=404)
 
 
+def timed_loads_answer(spec: ReleaseEndpoints, engine, query) -> tuple[int, dict]:
+    """``/v1/loads``, timed into ``sglang:get_loads_duration_seconds`` as sglang's handler does
+    (in a ``finally``: a refused query is timed too), where the release declares it."""
+    started = time.perf_counter()
+    try:
+        return loads_answer(spec, engine.load_values(), query)
+    finally:
+        engine.metrics.get_loads_duration.observe(time.perf_counter() - started)
+
+
 def register(app: web.Application, spec: ReleaseEndpoints, engine) -> None:
     """Add the informational routes ``spec`` says the release serves; ``engine`` supplies
-    ``facts`` (:class:`Facts`), ``load_values()`` and ``twin_state()``."""
+    ``facts`` (:class:`Facts`), ``load_values()``, ``twin_state()`` and ``metrics`` (whose
+    ``get_loads_duration`` times each ``/v1/loads``)."""
     app.middlewares.append(fastapi_not_found)
 
     def handler(route: str, answer):
@@ -624,7 +635,7 @@ def register(app: web.Application, spec: ReleaseEndpoints, engine) -> None:
         "/server_info": lambda r: (200, server_info(spec, engine.facts, engine.load_values(), engine.twin_state())),
         "/get_server_info": lambda r: (200, server_info(spec, engine.facts, engine.load_values(),
                                                         engine.twin_state())),
-        "/v1/loads": lambda r: loads_answer(spec, engine.load_values(), r.query),
+        "/v1/loads": lambda r: timed_loads_answer(spec, engine, r.query),
         "/get_load": lambda r: (200, get_load(spec, engine.load_values())),
     }
     for route in INFO_ROUTES:

@@ -179,6 +179,8 @@ class TwinMetrics:
         self.queue_time = self._child("sglang:queue_time_seconds")
         self.kv_transfer_alloc_ms = self._child("sglang:kv_transfer_alloc_ms")
         self.ttft = self._child("sglang:time_to_first_token_seconds")
+        # Observed by sglang's /v1/loads handler (entrypoints/v1_loads.py), so it shows from the first call.
+        self.get_loads_duration = self._child("sglang:get_loads_duration_seconds")
         # HTTP middleware (in the source from 0.5.7; the active gauge from 0.5.10). None when the
         # release has no middleware metrics, so the twin's middleware skips counting altogether.
         requests = self.release.find("sglang:http_requests_total", collector="http")
