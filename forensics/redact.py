@@ -65,6 +65,21 @@ SECRET_NAMES: dict[str, frozenset] = {
 # glued forms ending the name (HFAUTHTOKEN, "accesstoken"): "token" at the end again
 _GLUED_LAST = ("authtoken", "accesstoken", "bearertoken", "apitoken", "hftoken")
 
+# sglang's server arguments, classified once: the ``ServerArgs`` fields of every release from 0.5.1
+# to 0.5.23 (617 names, read from each release's ``server_args.py`` or, from 0.5.21,
+# ``arg_groups/fields/``) whose class the name rules above would get wrong, or that are secrets
+# whatever the rules say. A field, a ``--flag`` or a /server_info key of these names is decided
+# here; every other field is decided by the rules (tests/test_server_args_redaction.py checks all
+# 617 against its own list).
+SERVER_ARGS: dict[str, frozenset] = {
+    # the keys of sglang's HTTP API, the SSL key's passphrase, and the text watermark's keys and
+    # config (sglang 0.5.22+ hides these three from ServerArgs' own repr)
+    "secret": frozenset({"api_key", "admin_api_key", "ssl_keyfile_password", "watermark_key", "watermark_key_b",
+                         "watermark_config"}),
+    # histogram buckets and a count per token: "token" is their last word, not a credential
+    "not_secret": frozenset({"bucket_time_to_first_token", "kt_max_deferred_experts_per_token"}),
+}
+
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _SPLIT = re.compile(r"[^A-Za-z0-9]+")
 
@@ -78,9 +93,15 @@ def is_secret_name(name: str) -> bool:
 
     ``HF_TOKEN``, ``--api-key``, ``apiKey``, ``admin_api_key``, ``AWS_SECRET_ACCESS_KEY``,
     ``db.password`` are; ``max_total_tokens``, ``tokenizer_path``, ``author``, ``token_capacity``
-    and ``ds_heavy_token_num`` are not.
+    and ``ds_heavy_token_num`` are not. sglang's server arguments are looked up in
+    :data:`SERVER_ARGS` first (``--watermark-key`` is a secret the rules alone miss).
     """
     if not isinstance(name, str) or not name:
+        return False
+    as_field = name.lstrip("-").replace("-", "_").lower()
+    if as_field in SERVER_ARGS["secret"]:
+        return True
+    if as_field in SERVER_ARGS["not_secret"]:
         return False
     words = _words(name)
     if not words:
@@ -186,9 +207,10 @@ def _sub_pairs(pattern: re.Pattern, text: str, secret, replace) -> str:
 # Every rule but the token shapes needs one of these in the lowercased text: each secret word,
 # last word, pair and glued form of SECRET_NAMES holds one (api key: "api"; private key: "key"),
 # as do the header rules (authorization, bearer, basic). A log line with none of them (most
-# of a large log's events) costs one pass of ``in`` checks instead of every regex.
+# of a large log's events) costs one pass of ``in`` checks instead of every regex. So does each
+# name of SERVER_ARGS["secret"] ("watermark_config": "watermark").
 _HINTS = ("secret", "pass", "pwd", "auth", "credential", "api", "cookie", "session", "bearer", "token", "key",
-          "basic")
+          "basic", "watermark")
 
 
 # What each of _TOKEN_SHAPES starts with (it is case-sensitive too).
