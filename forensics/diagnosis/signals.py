@@ -227,12 +227,11 @@ def log_signals(evidence: Evidence) -> list[Signal]:
     events = evidence.frame("events")
     out: list[Signal] = []
     if events is not None and len(events):
-        from forensics.logs.findings import finding_classes
+        from forensics.logs.findings import event_classes
         from forensics.logs.summary import DEATHS
 
         starts = start_times(evidence)
         restarted = max(starts.values()) if starts else None  # the deployment's last (re)start
-        class_of = {sig: cls.id for cls in finding_classes() for sig in cls.signatures}
         for engine, group in events.groupby("engine", sort=False):
             engine = str(engine)
             started = starts.get(engine)
@@ -262,8 +261,8 @@ def log_signals(evidence: Evidence) -> list[Signal]:
             recent = current
             if restarted is not None:
                 recent = group[group["ts"].notna() & (group["ts"] >= restarted)]
-            classes = recent["signature"].map(class_of)
-            older = group["signature"].map(class_of)
+            classes = event_classes(recent)
+            older = event_classes(group)
             for cls, (name, kind) in LOG_CLASS_KIND.items():
                 hits = recent[(classes == cls).to_numpy()]
                 if len(hits):

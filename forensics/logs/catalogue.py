@@ -25,8 +25,9 @@ SEVERITIES = ("critical", "error", "warning", "info", "debug")
 STEPS = ("trigger", "abort_sent", "thread_death", "stall", "fallout", "probe", "context")
 CAPTURED = ("room", "rid", "rank", "reason", "thread", "target", "peer", "addr")
 # Who writes the line: sglang's own code, uvicorn's access log, CPython's default thread
-# excepthook, or this project's patched engine (patched_engine/snippets.py).
-ORIGINS = ("sglang", "uvicorn", "cpython", "patched_engine")
+# excepthook, this project's patched engine (patched_engine/snippets.py), or a native library
+# logging with Google's glog (Mooncake's transfer engine, NIXL's plugins) on the same stderr.
+ORIGINS = ("sglang", "uvicorn", "cpython", "patched_engine", "glog")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class Signature:
     releases: str | None = None  # sglang only: PEP 440 specifier of the releases that emit it ("" = all)
     emitted_in: tuple[str, ...] = ()  # sglang only: files (sglang/srt/...) holding the format string
     reason_in: tuple[str, ...] = ()  # sglang only: files holding the text ``reason`` matches
+    # What the prefilter looks for instead of ``literal``, when the one constant part of the line is
+    # too common to prefilter on (glog's "] "): strings that start the line ("\n" first) or follow
+    # a journal prefix (": "), e.g. glog's level letter and the first digit of the month.
+    prefilter: tuple[str, ...] = ()
 
     @property
     def regex(self) -> re.Pattern[str]:
@@ -105,6 +110,11 @@ def load(text: str, where: str = "signatures.toml") -> tuple[Signature, ...]:
         for key in ("emitted_in", "reason_in"):
             if key in fields:
                 fields[key] = _paths(fields[key], f"{where} {name}: {key}")
+        if "prefilter" in fields:
+            found = fields["prefilter"]
+            if not isinstance(found, list) or not found or not all(isinstance(x, str) and x for x in found):
+                raise CatalogueError(f"{where} {name}: prefilter: expected a non-empty list of strings, got {found!r}")
+            fields["prefilter"] = tuple(found)
         try:
             signature = Signature(**fields)
         except TypeError as exc:
@@ -180,7 +190,7 @@ def aggregate_signatures() -> tuple[Signature, ...]:
 
 def literals() -> tuple[bytes, ...]:
     """The distinct prefilter literals of the event signatures, as bytes, for scanning raw chunks."""
-    return tuple(dict.fromkeys(s.literal.encode() for s in event_signatures()))
+    return tuple(dict.fromkeys(lit.encode() for s in event_signatures() for lit in (s.prefilter or (s.literal,))))
 
 
 def classify(message: str) -> tuple[Signature, dict[str, str | None]] | None:

@@ -32,6 +32,10 @@ CHUNK_SIZE = 4 << 20  # fits a large L3 slice; Hyperscan and the find passes bot
 # CPython's excepthook prints "Exception in thread ..." with no sglang prefix, and scan()
 # groups only such headers into thread-death events.
 UNPREFIXED_ONLY = frozenset({"thread_death"})
+# A traceback is a python_traceback event only when no catalogued line just before it owns it,
+# which a count of single lines cannot see: counted by scan() alone, never here.
+SCAN_ONLY = frozenset({"python_traceback"})
+NEVER_ERE = "x^x"  # an ERE no line matches (a line start after a character), in both grep dialects
 
 
 class CountError(ValueError):
@@ -105,7 +109,7 @@ def classify_line(line: bytes, fmt: str) -> str | None:
     if matched is None:
         return None
     signature = matched[0].id
-    if prefix is not None and signature in UNPREFIXED_ONLY:
+    if (prefix is not None and signature in UNPREFIXED_ONLY) or signature in SCAN_ONLY:
         return None
     return signature
 
@@ -252,12 +256,16 @@ def grep_patterns(fmt: str = "plain", dialect: str = POSIX) -> list[str]:
     pattern's final ``(?P<reason>.*)``. First match wins in the catalogue, so a line
     matching an earlier signature's pattern is that signature: to count one signature
     as ``scan()`` does, exclude the lines matched by the patterns before it
-    (``grep -E P | grep -cvE -e EARLIER...``).
+    (``grep -E P | grep -cvE -e EARLIER...``). The signatures of ``SCAN_ONLY`` get a pattern
+    that matches no line.
     """
     journal = line_prefix_ere(fmt, dialect)
     sglang = to_ere(SGLANG_PREFIX.pattern.decode(), dialect)
     patterns = []
     for signature in catalogue.event_signatures():
+        if signature.id in SCAN_ONLY:
+            patterns.append(NEVER_ERE)  # its lines are counted by scan() alone (see SCAN_ONLY)
+            continue
         pattern = signature.pattern
         if signature.reason:
             tail = "(?P<reason>.*)"

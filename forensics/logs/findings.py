@@ -14,6 +14,7 @@ of that is INCONCLUSIVE with the reason, never a silent pass.
 from __future__ import annotations
 
 import html
+import re
 import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -249,6 +250,9 @@ def _find(cls: FindingClass, scan) -> Finding | None:
     events = scan.events
     columns = [c for c in EVIDENCE_COLUMNS if c in events.columns]
     mask = events["signature"].isin(cls.signatures).to_numpy() if cls.signatures else np.zeros(len(events), bool)
+    if cls.derived in ("crashes_not_stops", "server_stopped"):
+        stops = _stop_events(events)
+        mask = mask & ~stops if cls.derived == "crashes_not_stops" else stops
     rows = events.loc[mask, columns]
     extra = None
     if cls.derived == "health_access_errors":
@@ -269,6 +273,47 @@ def _find(cls: FindingClass, scan) -> Finding | None:
             first = minutes.min() if first is None else min(first, minutes.min())
             last = minutes.max() if last is None else max(last, minutes.max())
     return Finding(cls, count, evidence, first, last, detail)
+
+
+def event_classes(events: pd.DataFrame) -> pd.Series:
+    """The finding class of each event (None where it has none), the stop rule applied: what
+    ``assess`` counts per class, for readers (the diagnosis) that group events themselves."""
+    class_of = {sig: cls.id for cls in finding_classes() for sig in cls.signatures}
+    classes = events["signature"].map(class_of).astype(object)
+    stops = _stop_events(events)
+    if stops.any():
+        classes[stops] = "server_stopped"
+    return classes.where(classes.notna(), None)
+
+
+STOP_EXIT_CODES = frozenset({"-15", "-9", "-2"})  # multiprocessing's exit code: minus the signal that ended the child
+STOP_FOLLOW_LINES = 5  # sglang's SIGQUIT line comes right after its watchdog's (the same handler)
+_EXIT_CODE = re.compile(r"crashed with exit code (\S+?)\. ")
+
+
+def _stop_events(events: pd.DataFrame) -> np.ndarray:
+    """The events of a stop from outside: each ``subprocess_exited`` with a signal's exit code, and
+    the ``child_failed`` line its SIGQUIT makes within a few lines of it in the same source."""
+    stops = np.zeros(len(events), bool)
+    if not len(events):
+        return stops
+    signature = events["signature"].to_numpy()
+    exited = np.flatnonzero(signature == "subprocess_exited")
+    if not len(exited):
+        return stops
+    messages = events["message"].astype(str).to_numpy()
+    sources = events["source"].astype(str).to_numpy()
+    lines = pd.to_numeric(events["line"], errors="coerce").to_numpy()
+    stopped_at: dict[str, list[float]] = {}
+    for row in exited:
+        code = _EXIT_CODE.search(messages[row])
+        if code and code.group(1) in STOP_EXIT_CODES:
+            stops[row] = True
+            stopped_at.setdefault(sources[row], []).append(lines[row])
+    for row in np.flatnonzero(signature == "child_failed"):
+        if any(0 < lines[row] - line <= STOP_FOLLOW_LINES for line in stopped_at.get(sources[row], ())):
+            stops[row] = True
+    return stops
 
 
 def _health_access_errors(access: pd.DataFrame, events: pd.DataFrame | None = None) -> pd.DataFrame:

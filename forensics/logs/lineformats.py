@@ -32,6 +32,8 @@ LIBRARY_LINE = re.compile(rb"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)? \S+ +
 # line glog prints before it is initialized.
 GLOG_LINE = re.compile(rb"(?:[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\s\]]+:\d+\] "
                        rb"|WARNING: Logging before InitGoogleLogging\(\) is written to STDERR)")
+# Its ERROR and FATAL lines (each an event: forensics/logs/signatures.toml, glog_error and glog_fatal).
+GLOG_FAILURE = re.compile(rb"[EF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\s\]]+:\d+\] ")
 # Python's warnings module on stderr: "FILE.py:LINE: CategoryWarning: message", then the source line
 # indented by two spaces (a message's own further lines, "  Example: ...", are indented too) (real sglang 0.5.15 at start-up:
 # "sglang/srt/layers/quantization/awq/awq.py:52: UserWarning: Only CUDA, HIP and XPU support AWQ ...").

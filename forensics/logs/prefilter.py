@@ -24,6 +24,10 @@ BYTES_FIND = "bytes.find"
 class LiteralPrefilter:
     """Line starts of the lines that contain at least one of ``literals``.
 
+    A literal that starts with a newline ("\nE1") finds the line that begins after that newline
+    (a line's start); the first line of ``data`` has no newline before it, so a caller that needs
+    it checks it itself.
+
     ``engine`` forces ``"hyperscan"`` or ``"bytes.find"``; by default Hyperscan is used
     when it is installed.
     """
@@ -75,9 +79,10 @@ class LiteralPrefilter:
             return hits
         find = data.find
         for index, literal in enumerate(self.literals):
+            own = 1 if literal.startswith(b"\n") else 0  # "\nE1": the line is the one after that newline
             position = find(literal)
             while position >= 0:
-                hits.setdefault(rfind(b"\n", 0, position) + 1, set()).add(index)
+                hits.setdefault(rfind(b"\n", 0, position + own) + 1, set()).add(index)
                 newline = find(b"\n", position)
                 if newline < 0:
                     break
@@ -101,9 +106,10 @@ class LiteralPrefilter:
         find = data.find
         rfind = data.rfind
         for literal in self.literals:
+            own = 1 if literal.startswith(b"\n") else 0
             position = find(literal)
             while position >= 0:
-                starts.add(rfind(b"\n", 0, position) + 1)
+                starts.add(rfind(b"\n", 0, position + own) + 1)
                 newline = find(b"\n", position)
                 if newline < 0:
                     break

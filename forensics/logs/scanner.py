@@ -25,6 +25,7 @@ from forensics.logs.batchstore import MISSING, BatchStore
 from forensics.logs.lineformats import (
     AIOHTTP_UNCLOSED,
     ANSI_LINE,
+    GLOG_FAILURE,
     GLOG_LINE,
     JOURNAL_ISO,
     JOURNAL_META,
@@ -180,6 +181,11 @@ class SourceScanner:
         # Which literals each line holds, where the rare lines are classified in bulk.
         hits = self.prefilter.line_hits(data) if self.fmt in _RARE_LINE_RE else None
         starts = set(hits) if hits is not None else set(self.prefilter.line_starts(data))
+        if self.fmt == "plain" and GLOG_FAILURE.match(data):
+            # The prefilter finds a glog error line by the newline before it; the chunk's first has none.
+            starts.add(0)
+            if hits is not None:
+                hits.setdefault(0, set())
         if self.blocks.active or self.pending_block is not None:
             starts.add(0)
         starts = sorted(starts)
@@ -515,11 +521,12 @@ class SourceScanner:
 
     def _emit_block(self, block: Block) -> None:
         raw = "\n".join(block.lines)
-        if block.thread is None:
+        if block.thread is None and block.owner is not None:
             # An exception logged by sglang itself: its traceback extends that event's raw text.
-            if block.owner is not None:
-                block.owner["raw"] = redact_text((block.owner["raw"] + "\n" + raw)[:RAW_LIMIT])
+            block.owner["raw"] = redact_text((block.owner["raw"] + "\n" + raw)[:RAW_LIMIT])
             return
+        # A thread's death, or a traceback no catalogued line owns (a crash, a print_exc): never silent.
+        signature = "thread_death" if block.thread is not None else "python_traceback"
         ts_source, ts_kind, ts_value = block.first_ts if isinstance(block.first_ts, tuple) else ("none", None, None)
         event = {
             "_ts_kind": ts_kind,
@@ -529,15 +536,15 @@ class SourceScanner:
             "line": block.first_line,
             "host": block.host,
             "unit": block.unit,
-            "signature": "thread_death",
-            "severity": "critical",
-            "step": "thread_death",
+            "signature": signature,
+            "severity": "critical" if signature == "thread_death" else "error",
+            "step": "thread_death" if signature == "thread_death" else "context",
             "room": None,
             "rid": None,
             "rank": None,
             "dp_rank": None,
             "pp_rank": None,
-            "thread": block.label,
+            "thread": block.label if block.thread is not None else None,
             "message": redact_text((block.final or "")[:RAW_LIMIT]),
             "raw": redact_text(raw[:RAW_LIMIT]),
             "offset": block.first_offset,
