@@ -526,7 +526,7 @@ class SourceScanner:
             block.owner["raw"] = redact_text((block.owner["raw"] + "\n" + raw)[:RAW_LIMIT])
             return
         # A thread's death, or a traceback no catalogued line owns (a crash, a print_exc): never silent.
-        signature = "thread_death" if block.thread is not None else "python_traceback"
+        signature = catalogue.by_id()["thread_death" if block.thread is not None else "python_traceback"]
         ts_source, ts_kind, ts_value = block.first_ts if isinstance(block.first_ts, tuple) else ("none", None, None)
         event = {
             "_ts_kind": ts_kind,
@@ -536,9 +536,9 @@ class SourceScanner:
             "line": block.first_line,
             "host": block.host,
             "unit": block.unit,
-            "signature": signature,
-            "severity": "critical" if signature == "thread_death" else "error",
-            "step": "thread_death" if signature == "thread_death" else "context",
+            "signature": signature.id,
+            "severity": signature.severity,
+            "step": signature.step,
             "room": None,
             "rid": None,
             "rank": None,
