@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -293,19 +294,46 @@ def test_a_waiting_timeout_wedges_the_real_prefill_and_diagnose_says_wedged(real
         long_request.close()
 
 
+def _active_generates(url: str) -> int:
+    """The prefill's own count of /generate requests in flight (sglang's HTTP middleware gauge)."""
+    from forensics.collectors.metrics import labels_dict, scrape_once
+
+    record = scrape_once("prefill", "p0", url, timeout_s=30)
+    if not record.ok:
+        return 0
+    page = record.page
+    return sum(int(page.value[i]) for i in range(len(page)) if page.metric[i] == "sglang:http_requests_active"
+               and labels_dict(page.labels[i]).get("endpoint", "").endswith("generate"))
+
+
 @pytest.mark.slow
 def test_down_ends_every_process_killing_the_wedged_prefill_and_removes_the_clone(real):
+    """A wedged prefill with a client still waiting never finishes its SIGTERM (sglang's
+    ``sigterm_watchdog`` waits for the remaining request unless SGL_FORCE_SHUTDOWN is set): down
+    kills it after its bounded wait. The client is held open here, as a production client is; with
+    no request left, SIGTERM alone would end it."""
     deployment, document = real
     directory = deployment.directory
     everything = holders(directory)
     assert len(everything) >= 7  # 3 leaders + schedulers and detokenizers
-    started = time.monotonic()
-    result = run_forensics("twin", "down", "--inventory", document["inventory"], "--json", timeout=300)
-    seconds = time.monotonic() - started
+    router = document["router"]
+    body = json.dumps({"text": "ba be bi", "stream": True, "sampling_params": {"max_new_tokens": 2}}).encode()
+    waiting = socket.create_connection(("127.0.0.1", int(router.rsplit(":", 1)[1])), timeout=10)
+    try:
+        waiting.sendall(b"POST /generate HTTP/1.1\r\nHost: pd\r\nContent-Type: application/json\r\n"
+                        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        wait_until(lambda: _active_generates(document["prefill"]) >= 1, 120, "the prefill to hold the waiting request")
+        started = time.monotonic()
+        result = run_forensics("twin", "down", "--inventory", document["inventory"], "--json", timeout=300)
+        seconds = time.monotonic() - started
+    finally:
+        waiting.close()
     report = one_document(result.stdout)
     assert result.returncode == 0, result.stderr
     assert sorted(report["stopped"]) == ["decode", "prefill", "router"] and report["still_running"] == []
-    assert "prefill" in report["killed"]  # sglang's sigterm_watchdog waits for the stuck request forever
+    # sglang's watchdog, waiting (the earlier tests' hung non-streaming request may still count too)
+    assert re.search(r"Remaining number of requests [1-9]", deployment.log_text("prefill"))
+    assert "prefill" in report["killed"]
     assert not holders(directory) and not any(psutil.pid_exists(pid) for pid in everything if _not_zombie(pid))
     assert not clone.deployment_cache(directory).exists()
     print(f"\nreal-engine down in {seconds:.1f} s: {report}")

@@ -44,6 +44,20 @@ def test_every_line_real_sglang_wrote_is_recognised(scans):
         assert int(scan.sources["lines"].sum()) > 150
 
 
+def test_a_warning_glued_to_the_progress_bar_at_a_restart_is_recognised():
+    """``patch deploy`` restarting the real prefill: SIGTERM, the scheduler's exit -15, a fresh
+    start-up in which a UserWarning's first line came after tqdm's carriage return, so its source line
+    follows a progress-bar line. Every line is known, and the stop is a stop, not a crash."""
+    path = DATA / "prefill-deploy-restart.log"
+    text = path.read_text()
+    assert "?it/s]/" in text and "UserWarning: Only CUDA, HIP and XPU" in text
+    scan = logs.scan([str(path)], role="prefill")
+    assert int(scan.sources["lines_unknown"].sum()) == 0, scan.unknown_samples
+    assert list(scan.events["signature"]) == ["subprocess_exited", "child_failed", "server_ready"]
+    judged = assess(scan)
+    assert [f.id for f in judged.findings] == ["server_stopped"] and judged.word == "warnings", judged.to_dict()
+
+
 def test_every_line_the_real_mini_load_balancer_wrote_is_recognised_and_its_errors_are_events(tmp_path):
     """Bare logger messages ("[MiniLB] ..."), plain uvicorn start-up lines with no time, a
     FastAPIDeprecationWarning and asyncio's "Unclosed connection" report: all in a known format.

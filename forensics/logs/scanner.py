@@ -120,6 +120,14 @@ class SourceResult:
     last_time: tuple | None = None  # (kind, value) of the last timed line
 
 
+def _after_progress_bar(line: bytes) -> bool:
+    """A Python warning's first line glued to a tqdm redraw: tqdm ends its bar with a carriage return
+    only, so a warning printed while the bar is up follows it on the same line (real sglang 0.5.15 at
+    a restart: "Multi-thread loading shards:   0% Completed | 0/1 [00:00<?, ?it/s]/.../awq.py:52:
+    UserWarning: ...")."""
+    return bool(TQDM_LINE.match(line) and PYTHON_WARNING.search(line))
+
+
 def _text(value) -> str | None:
     if value is None:
         return None
@@ -898,7 +906,7 @@ class SourceScanner:
             end = data.find(b"\n", position)
             line_no += 1
             line = data[position:end].rstrip(b"\r")
-            if self.fmt == "plain" and PYTHON_WARNING.match(line):
+            if self.fmt == "plain" and (PYTHON_WARNING.match(line) or _after_progress_bar(line)):
                 warning_lines = WARNING_MAX_LINES
             elif warning_lines and WARNING_SOURCE.match(line):
                 warning_lines -= 1  # the warning's indented message lines and its source line
