@@ -170,6 +170,36 @@ def test_down_keeps_a_stale_record_while_a_stranger_listens_on_the_port(tmp_path
         stranger.wait()
 
 
+# A process whose leader thread has exited (a zombie to ps) while another thread still holds a
+# listening socket: its parent (the launcher below) does not reap it, as a twin's launcher that
+# is not the one running 'down' does not. The thread leaves when a line arrives on stdin.
+HALF_EXITED = ("import ctypes,socket,sys,threading; s=socket.create_server(('127.0.0.1',0)); "
+               "print(s.getsockname()[1], flush=True); threading.Thread(target=sys.stdin.readline).start(); "
+               "ctypes.CDLL(None).pthread_exit(None)")
+PARENT_OF_HALF_EXITED = ("import subprocess,sys; p=subprocess.Popen([sys.executable,'-c',sys.argv[1]],"
+                         "stdin=subprocess.PIPE,stdout=subprocess.PIPE,text=True); print(p.pid, p.stdout.readline()"
+                         ".strip(), flush=True); sys.stdin.readline(); p.stdin.write('go\\n'); p.stdin.flush(); "
+                         "sys.stdin.readline()")
+
+
+def test_a_zombie_leader_whose_threads_still_hold_its_port_is_not_gone_until_they_leave():
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_OF_HALF_EXITED, HALF_EXITED], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        pid, port = (int(v) for v in parent.stdout.readline().split())
+        proc = psutil.Process(pid)
+        wait_until(lambda: proc.status() == psutil.STATUS_ZOMBIE, 30, "the leader thread to exit")
+        assert processes.listened([port]) == [port] and processes._threads_left(pid) > 1
+        assert processes._wait_gone(proc, 0.5) is False  # a zombie to ps, but it still listens
+        parent.stdin.write("release\n")
+        parent.stdin.flush()
+        assert processes._wait_gone(proc, 60) is True
+        assert processes.listened([port]) == []  # gone means its port is free for the next twin
+    finally:
+        parent.kill()
+        parent.wait()
+
+
 # --------------------------------------------------------------- one twin per directory
 
 

@@ -58,6 +58,7 @@ FAULT_ENV = "FORENSICS_TWIN_FAULT"
 FAULT_STEPS = ("after-prefill-started", "after-all-started", "after-prefill-ready", "before-handover")
 HANDOVER = b"H"
 _CREATE_TIME_SLACK_S = 0.05
+PORT_RELEASE_S = 10.0  # after a stopped role is gone, how long its ports may take to close
 
 
 class TwinStartError(EnvironmentProblem):
@@ -404,6 +405,9 @@ def stop_all(directory: Path, roles, timeout: float = 10.0,
       on a port of the role: nothing signalled, the record kept (the twin is not down).
     * ``absent``: no pid file.
 
+    A role that was stopped but whose port still listens ``PORT_RELEASE_S`` after the wait is
+    ``listening`` too: what holds the port then is not the process that was stopped.
+
     ``ports`` (role -> its listening ports) enables the search and the check; without them a
     stale record is removed as before. One at a time, three processes still starting (SIGTERM
     deferred until their interpreter leaves a long C call) could take three times as long to go
@@ -439,6 +443,15 @@ def stop_all(directory: Path, roles, timeout: float = 10.0,
         _reap(proc.pid)
         forget(directory, role)
         outcomes.setdefault(role, "running")
+    # Gone is not yet free: the kernel closes a dead process's sockets only as its last thread
+    # leaves, and a restart (or the next twin) binding these ports must not race that.
+    freed = [port for role in procs for port in ports.get(role, ())]
+    release_deadline = max(deadline, time.monotonic()) + PORT_RELEASE_S
+    while listened(freed) and time.monotonic() < release_deadline:
+        time.sleep(0.02)
+    for role in procs:
+        if listened(ports.get(role, ())):
+            outcomes[role] = "listening"
     return outcomes
 
 
@@ -502,12 +515,21 @@ def _wait_gone(proc: psutil.Process, timeout: float) -> bool:
         try:
             if not proc.is_running():
                 return True
-            if reaped is None and proc.status() == psutil.STATUS_ZOMBIE:
-                return True  # not our child: its parent reaps it
+            if reaped is None and proc.status() == psutil.STATUS_ZOMBIE and _threads_left(proc.pid) <= 1:
+                return True  # not our child: its parent reaps it (and its other threads have exited)
         except psutil.Error:
             return True
         time.sleep(0.02)
     return False
+
+
+def _threads_left(pid: int) -> int:
+    """How many threads of ``pid`` the kernel still lists: a zombie leader whose other threads are
+    still exiting shows more than one, and holds its sockets until the last one has gone."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
 
 
 def _reap(pid: int) -> bool | None:
