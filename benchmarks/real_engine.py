@@ -172,7 +172,7 @@ def _command(inventory: Path, argv: tuple[str, ...]) -> dict:
         doc = {}
     prealloc, transfer, observed = storm_kv_hits._aborts(doc)
     return {"exit": done.returncode, "wall_s": wall_s, "prealloc": prealloc, "transfer": transfer,
-            "observed_by": observed, "summary": str(doc.get("summary") or done.stderr[-300:])}
+            "observed_by": observed, "summary": storm_kv_hits.summary(doc, done.stderr)}
 
 
 def real_acceptance(release: str, runs: int, progress=print, on_row=lambda row: None,

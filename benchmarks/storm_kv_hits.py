@@ -57,6 +57,21 @@ def _aborts(doc: dict) -> tuple[int, int, list[str]]:
     return prealloc, transfer, observed
 
 
+def summary(doc: dict, stderr: str) -> str:
+    """A run's one line, with what its last cycle's diagnosis said and how the drain went: a miss
+    must say why (a late probe, a busy engine), not only that the verdict was not the one expected."""
+    line = str(doc.get("summary") or stderr[-300:])
+    cycles = doc.get("cycles") or []
+    storm = (cycles[-1].get("storm") or cycles[-1]) if cycles else {}
+    reasons = "; ".join(str(r) for r in (storm.get("reasons") or [])[:3])
+    drained = storm.get("drained") or {}
+    if reasons:
+        line += f" [diagnosis: {reasons}]"
+    if drained:
+        line += f" [drain {drained.get('seconds')} s, slowest /health {drained.get('health_s')} s]"
+    return line
+
+
 def one_run(release: str, patched: bool, argv: tuple[str, ...]) -> dict:
     import forensics.twin as twin_api
 
@@ -77,7 +92,7 @@ def one_run(release: str, patched: bool, argv: tuple[str, ...]) -> dict:
         doc = {}
     prealloc, transfer, observed = _aborts(doc)
     return {"exit": done.returncode, "wall_s": wall_s, "prealloc": prealloc, "transfer": transfer,
-            "observed_by": observed, "summary": str(doc.get("summary") or done.stderr[-300:])}
+            "observed_by": observed, "summary": summary(doc, done.stderr)}
 
 
 def measure(releases: list[tuple[str, int]], progress=print) -> list[dict]:
