@@ -140,6 +140,31 @@ def sniff(head: bytes) -> str:
     return best if votes[best] * 2 >= seen or best == "plain" else "plain"
 
 
+def line_spans(data: bytes, literal: bytes, consumed: set[int] | frozenset = frozenset()):
+    """(start, end) of each line of ``data`` holding ``literal`` (once per line), skipping ``consumed`` starts."""
+    find = data.find
+    rfind = data.rfind
+    position = find(literal)
+    while position >= 0:
+        start = rfind(b"\n", 0, position) + 1
+        end = find(b"\n", position)
+        position = find(literal, end)
+        if start not in consumed:
+            yield start, end
+
+
+def lines_with(data: bytes, literal: bytes, consumed: set[int] | frozenset = frozenset()):
+    """Each line of ``data`` holding ``literal``, as bytes."""
+    return (data[start:end] for start, end in line_spans(data, literal, consumed))
+
+
+def as_text(value) -> str | None:
+    """A field of a split line (bytes, or None when the line had none) as text."""
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 def parse_ranks(ranks: bytes) -> tuple[int | None, int | None, int | None]:
     """(dp, tp, pp) from an sglang prefix tail like b" DP1 PP0 TP3"."""
     dp = tp = pp = None

@@ -18,10 +18,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from forensics.logs import batchlines, catalogue, classify_bulk, timestamps
-from forensics.logs.batchstore import MISSING, BatchStore
+from forensics.logs.accessscan import AccessLineScan
+from forensics.logs.batchscan import FAST_FORMATS, TS_KIND, BatchLineScan
+from forensics.logs.batchstore import BatchStore
 from forensics.logs.lineformats import (
     AIOHTTP_UNCLOSED,
     ANSI_LINE,
@@ -55,13 +55,9 @@ except ImportError:  # pragma: no cover - depends on the install
     _fastscan = None
 
 TRACEBACK_LITERAL = b"Traceback (most recent call last):"
-BATCH_LITERAL = b" batch"
-ACCESS_LITERAL = b" HTTP/"
 UNKNOWN_SAMPLES = 20
 ROOM_LIMIT = 1 << 64  # rooms are unsigned 64-bit at most (the room column is UInt64)
 _JOURNAL_PREFIX = {"short-iso": JOURNAL_ISO.pattern, "short-precise": JOURNAL_PRECISE.pattern}
-_TS_KIND = {"short-iso": timestamps.ISO, "short-precise": timestamps.PRECISE, "json": timestamps.EPOCH_US}
-_FAST_FORMATS = {"plain": 0, "short-iso": 1}  # formats whose batch lines _fastscan reads
 _BULK_PREFIX = {"plain": b"[20", "short-iso": b"2"}  # what _bulk_known counts, for _fastscan.count_lines
 # How a message that starts with sglang's "[2025-..." prefix shows in each journal format.
 # (journalctl writes compact JSON; json.dumps-style output has a space after the colon.)
@@ -128,13 +124,7 @@ def _after_progress_bar(line: bytes) -> bool:
     return bool(TQDM_LINE.match(line) and PYTHON_WARNING.search(line))
 
 
-def _text(value) -> str | None:
-    if value is None:
-        return None
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-class SourceScanner:
+class SourceScanner(BatchLineScan, AccessLineScan):
     def __init__(self, source: LogSource, fmt: str, tz: str = "UTC", year: int | None = None) -> None:
         self.source = source
         self.fmt = fmt
@@ -168,9 +158,9 @@ class SourceScanner:
         self._origin_names: dict[bytes, str] = {}
         self._ranks_cache: dict[bytes, tuple] = {}
         if fmt in ("short-iso", "short-precise", "json"):
-            self.result.access_minute_kind = _TS_KIND[fmt]
+            self.result.access_minute_kind = TS_KIND[fmt]
         # The compiled path interns layouts and origins (host, unit) to small ids across chunks.
-        self.fast = _fastscan if fmt in _FAST_FORMATS else None
+        self.fast = _fastscan if fmt in FAST_FORMATS else None
         self.fast_layouts: dict[bytes, int] = {}
         self.fast_shapes: list[batchlines.Shape] = []
         self.fast_origins: dict[bytes, int] = {}
@@ -266,7 +256,7 @@ class SourceScanner:
     def _line_time(self, split, message: bytes) -> tuple[str, str | None, object]:
         """(ts_source, kind, value) of a line from its own text."""
         if split is not None and split.journal_ts is not None:
-            return "journal", _TS_KIND[self.fmt], split.journal_ts
+            return "journal", TS_KIND[self.fmt], split.journal_ts
         prefix = SGLANG_PREFIX.match(message)
         if prefix:
             return "sglang", timestamps.SGLANG, prefix.group(1)
@@ -374,7 +364,7 @@ class SourceScanner:
         held = [[literal_text[i] for i in hits.get(starts[row], nothing)] for row in picked]
         matches = classify_bulk.classify_many(texts, held)
         names = self._origin_names
-        ts_kind = _TS_KIND.get(self.fmt)
+        ts_kind = TS_KIND.get(self.fmt)
         prepared: list = [None] * len(lines)
         for i, text, raw, matched in zip(picked, texts, raws, matches):
             journal_ts, host, unit, sglang_ts, ranks, _ = parts[i]
@@ -563,321 +553,6 @@ class SourceScanner:
         if frames:
             event["frame_file"], event["frame_line"], event["frame_function"] = frames[-1]
         self.result.events.append(event)
-
-    # ------------------------------------------------------------ batch lines
-    def _batch_lines(self, data: bytes, consumed: set[int]) -> None:
-        """Find every batch line, group lines of one layout, parse each group in bulk.
-
-        In the text formats a line with its digits deleted is a key that only changes
-        with the layout, the host, the unit and the rank letters: a handful of keys per
-        deployment. Each key's lines are then parsed with one ``findall`` over their join,
-        so the per-line Python work is a few C calls.
-        """
-        if self.fmt == "json":
-            self._batch_lines_json(data, consumed)
-            return
-        if self.fast is not None:
-            declined = self._batch_lines_fast(data, consumed)
-            if declined:
-                self._batch_line_groups(data[start:data.find(b"\n", start)] for start in declined
-                                        if start not in consumed)
-            return
-        self._batch_line_groups(self._lines_with(data, BATCH_LITERAL, consumed))
-
-    @staticmethod
-    def _line_spans(data: bytes, literal: bytes, consumed: set[int] | frozenset = frozenset()):
-        """(start, end) of each line of ``data`` holding ``literal`` (once per line), skipping ``consumed`` starts."""
-        find = data.find
-        rfind = data.rfind
-        position = find(literal)
-        while position >= 0:
-            start = rfind(b"\n", 0, position) + 1
-            end = find(b"\n", position)
-            position = find(literal, end)
-            if start not in consumed:
-                yield start, end
-
-    @classmethod
-    def _lines_with(cls, data: bytes, literal: bytes, consumed: set[int] | frozenset = frozenset()):
-        """Each line of ``data`` holding ``literal``, as bytes."""
-        return (data[start:end] for start, end in cls._line_spans(data, literal, consumed))
-
-    def _batch_line_groups(self, lines) -> None:
-        groups: dict[bytes, list[bytes]] = {}
-        delete = batchlines.SHAPE_DELETE
-        for line in lines:
-            key = line.translate(None, delete)
-            bucket = groups.get(key)
-            if bucket is None:
-                bucket = groups[key] = []
-            bucket.append(line)
-        for key, lines in groups.items():
-            shape = self._shape_of_key(key, lines)
-            if shape is not None:
-                self._add_batch_group(shape, lines)
-
-    def _batch_lines_fast(self, data: bytes, consumed: set[int]) -> list[int]:
-        """Batch lines through _fastscan; returns the starts of the lines it declined.
-
-        Rows stay in file order (one store piece per chunk, every layout's columns
-        NaN where a line did not print them), so the final frame rarely needs a sort.
-        """
-        (starts, layouts, times, dp, tp, pp, iters, value_starts, values, value_kinds, origins,
-         declined) = self.fast.batch_lines(data, _FAST_FORMATS[self.fmt], self.fast_layouts, self.fast_origins)
-        declined = np.frombuffer(declined, dtype=np.int64).tolist()
-        starts = np.frombuffer(starts, dtype=np.int64)
-        if not len(starts):
-            return declined
-        self._learn_fast_keys()
-        layouts = np.frombuffer(layouts, dtype=np.int32)
-        value_starts = np.frombuffer(value_starts, dtype=np.int64)
-        values = np.frombuffer(values, dtype=np.float64)
-        value_kinds = np.frombuffer(value_kinds, dtype=np.uint8)
-        keep = np.ones(len(starts), dtype=bool)
-        if consumed:
-            keep &= ~np.isin(starts, np.fromiter(consumed, dtype=np.int64, count=len(consumed)))
-        # A True/False under a numeric label or a number under a boolean one reads
-        # differently in the Python path: hand those lines back to it.
-        present = np.unique(layouts)
-        rows_of = {}
-        for layout in present.tolist():
-            shape = self.fast_shapes[layout]
-            rows = np.flatnonzero(layouts == layout)
-            cells = value_starts[rows, None] + np.arange(len(shape.columns))
-            expected = np.array([name in batchlines.BOOL_SET for name in shape.columns], dtype=np.uint8)
-            mismatched = (value_kinds[cells] != expected).any(axis=1)
-            if mismatched.any():
-                declined.extend(starts[rows[mismatched]].tolist())
-                keep[rows[mismatched]] = False
-            rows_of[layout] = (rows, cells)
-        if not keep.all():
-            index = np.cumsum(keep) - 1  # old row -> new row
-            rows_of = {layout: (index[rows[keep[rows]]], cells[keep[rows]])
-                       for layout, (rows, cells) in rows_of.items()}
-            layouts, times, dp, tp, pp, iters, origins = (
-                np.frombuffer(buffer, dtype=dtype)[keep] for buffer, dtype in (
-                    (layouts, np.int32), (times, np.int64), (dp, np.int32), (tp, np.int32), (pp, np.int32),
-                    (iters, np.int64), (origins, np.int32)))
-        else:
-            times, dp, tp, pp, iters, origins = (
-                np.frombuffer(buffer, dtype=dtype) for buffer, dtype in (
-                    (times, np.int64), (dp, np.int32), (tp, np.int32), (pp, np.int32), (iters, np.int64),
-                    (origins, np.int32)))
-        n = len(layouts)
-        if n == 0:
-            return declined
-        numbers: dict[str, np.ndarray] = {}
-        numbers_at = []  # each layout's fields at its rows' positions
-        for layout, (rows, cells) in rows_of.items():
-            if not len(rows):
-                continue
-            shape = self.fast_shapes[layout]
-            columns = batchlines.columns_from_numbers(shape, values[cells])
-            numbers_at.append((rows.astype(np.int32), columns))
-        for name, ranks in (("dp_rank", dp), ("tp_rank", tp), ("pp_rank", pp), ("iter", iters)):
-            # -1 from _fastscan: not printed (widen first: MISSING does not fit an int32)
-            numbers[name] = np.where(ranks >= 0, ranks.astype(np.int64), MISSING)
-        stamps = times.view("datetime64[ns]")
-        if self.fmt == "plain" and self.tz != "UTC":
-            stamps = timestamps.localise(stamps, self.tz).tz_localize(None).to_numpy()
-        kinds = [shape.kind for shape in self.fast_shapes]
-        coded = {"kind": (layouts, kinds)}
-        if self.fmt != "plain":
-            coded["host"] = (origins, [host for host, _ in self.fast_origin_names])
-            coded["unit"] = (origins, [unit for _, unit in self.fast_origin_names])
-        constants = {"ts_source": "sglang" if self.fmt == "plain" else "journal"}
-        self.result.batches.add(n, stamps, numbers, constants, {}, coded=coded, numbers_at=numbers_at)
-        seen = {kinds[layout] for layout in rows_of if len(rows_of[layout][0])}
-        self.result.saw_prefill_batch |= "prefill" in seen
-        self.result.saw_decode_batch |= "decode" in seen
-        return declined
-
-    def _learn_fast_keys(self) -> None:
-        """Shapes and names for the layout and origin ids _fastscan added since the last chunk."""
-        if len(self.fast_shapes) < len(self.fast_layouts):
-            for key in list(self.fast_layouts)[len(self.fast_shapes):]:
-                kind = b"Prefill" if key[:1] == b"P" else b"Decode"
-                labels = tuple(key[1:-1].split(b"\0"))
-                self.fast_shapes.append(batchlines.Shape(
-                    kind=kind.decode().lower(), columns=tuple(batchlines.column_for(kind, label) for label in labels),
-                    labels=labels))
-        if len(self.fast_origin_names) < len(self.fast_origins):
-            for key in list(self.fast_origins)[len(self.fast_origin_names):]:
-                host, unit = key.split(b"\0", 1)
-                self.fast_origin_names.append((_text(host), _text(unit)))
-
-    def _shape_of_key(self, key: bytes, lines: list[bytes]) -> batchlines.Shape | None:
-        """The layout of a group's lines, learnt from the first of them that reads as a batch line.
-
-        Only found layouts are remembered: a damaged line that happens to come first
-        must not hide the good lines of its key, in this chunk or a later one.
-        """
-        shape = self.shapes.get(key)
-        if shape is None:
-            kind_group = self.batch_re.groups - 1  # HEADER ends with (kind)(iter)
-            for line in lines[:16]:
-                found = self.batch_re.match(line)
-                shape = batchlines.learn_shape(found.group(kind_group), line[found.end():]) if found else None
-                if shape is not None:
-                    self.shapes[key] = shape
-                    break
-        return shape
-
-    def _add_batch_group(self, shape: batchlines.Shape, lines: list[bytes]) -> None:
-        rows = self.batch_row_re.findall(b"\n".join(lines))
-        if len(rows) != len(lines):
-            # A line of this key that the full pattern rejects: parse them one by one.
-            rows = [m.groups() for m in map(self.batch_row_re.match, lines) if m is not None]
-        if not rows:
-            return
-        columns = list(zip(*rows))
-        if self.fmt == "plain":
-            ts, ranks, iters, fields = columns[0], columns[1], columns[3], columns[4]
-            origins = None
-        else:
-            ts, ranks, iters, fields = columns[0], columns[5], columns[7], columns[8]
-            origins = (columns[1], columns[2])
-        self._emit_batch_frame(shape, _TS_KIND.get(self.fmt, timestamps.SGLANG), ts, ranks, iters, fields, origins)
-
-    def _batch_lines_json(self, data: bytes, consumed: set[int]) -> None:
-        groups: dict[tuple, list] = {}
-        position = data.find(BATCH_LITERAL)
-        while position >= 0:
-            start = data.rfind(b"\n", 0, position) + 1
-            end = data.find(b"\n", position)
-            position = data.find(BATCH_LITERAL, end)
-            if start in consumed:
-                continue
-            split = split_line(data[start:end], "json")
-            if split is None:
-                continue
-            found = self.batch_re.match(split.message)
-            if found is None:
-                continue
-            kind = found.group(self.batch_re.groups - 1)
-            fields = split.message[found.end():]
-            key = (kind, fields.translate(None, batchlines.SHAPE_DELETE))
-            groups.setdefault(key, []).append(
-                (split.journal_ts, found.group(2) or b"", found.group(self.batch_re.groups), fields, split.host, split.unit))
-        for (kind, _), rows in groups.items():
-            shape = batchlines.learn_shape(kind, rows[0][3])
-            if shape is None:
-                continue
-            ts, ranks, iters, fields, hosts, units = zip(*rows)
-            self._emit_batch_frame(shape, timestamps.EPOCH_US, ts, ranks, iters, fields, (hosts, units))
-
-    def _emit_batch_frame(self, shape, ts_kind, ts, ranks, iters, fields, origins) -> None:
-        numbers = batchlines.number_table(shape, list(fields))
-        if numbers is not None:
-            columns = batchlines.columns_from_numbers(shape, numbers)
-        else:
-            values = batchlines.VALUES_IN_LINES.findall(b"\n".join(fields).replace(b"%", b"").replace(b"\r", b""))
-            width = len(shape.columns)
-            if len(values) != len(fields) * width:
-                return  # cannot happen for lines of one key; refuse rather than misalign columns
-            table = np.array(values, dtype=np.bytes_).reshape(len(fields), width)
-            columns = batchlines.columns_from_table(shape, table)
-        n = len(fields)
-        stamps = timestamps.convert(ts_kind, ts, tz=self.tz, year=self.year).tz_convert("UTC").tz_localize(None)
-        rank_cache: dict = {}
-        for text in set(ranks):
-            rank_cache[text] = tuple(MISSING if v is None else v for v in parse_ranks(text or b""))
-        rank_rows = np.array([rank_cache[text] for text in ranks], dtype=np.int64).reshape(n, 3)
-        # Iterations are exact integers (int() of the digits), never read through a float.
-        iter_cache = {text: (int(text) if text else MISSING) for text in set(iters)}
-        numbers_out = dict(columns)  # counters exact (float64 below 2**53, or int64), the rest float
-        numbers_out["dp_rank"] = rank_rows[:, 0]
-        numbers_out["tp_rank"] = rank_rows[:, 1]
-        numbers_out["pp_rank"] = rank_rows[:, 2]
-        numbers_out["iter"] = np.array([iter_cache[text] for text in iters], dtype=np.int64)
-        per_row = {}
-        if origins is not None:
-            for name, raw in zip(("host", "unit"), origins):
-                names = {value: _text(value) for value in set(raw)}
-                per_row[name] = [names[value] for value in raw]
-        constants = {"kind": shape.kind, "ts_source": "sglang" if self.fmt == "plain" else "journal"}
-        self.result.batches.add(n, stamps.to_numpy(), numbers_out, constants, per_row)
-        if shape.kind == "prefill":
-            self.result.saw_prefill_batch = True
-        else:
-            self.result.saw_decode_batch = True
-
-    # ----------------------------------------------------------- access lines
-    def _access_lines(self, data: bytes, consumed: set[int]) -> int:
-        """Count uvicorn access lines per (minute, zone, host, unit, method, path, status).
-
-        Returns the lines counted that the bulk count of plain logs did not already count
-        (plain: those without sglang's prefix; journal formats: all of them).
-        """
-        if self.fmt == "plain":
-            return self._access_lines_plain(data)
-        if self.fmt == "short-iso" and self.fast is not None:
-            counted, declined = self.fast.access_counts(data, self.result.access)
-            if declined:
-                lines = [data[start:data.find(b"\n", start)] for start in np.frombuffer(declined, dtype=np.int64).tolist()]
-                keys = self.access_key_re.findall(b"\n".join(lines))
-                self.result.access.update(Counter(keys))
-                counted += len(keys)
-            return counted
-        lines = list(self._lines_with(data, ACCESS_LITERAL))
-        if not lines:
-            return 0
-        if self.fmt == "json":
-            counted = 0
-            for line in lines:
-                split = split_line(line, "json")
-                found = UVICORN_ACCESS.search(split.message) if split is not None else None
-                if found is None:
-                    continue
-                minute = split.journal_ts // 60_000_000 * 60_000_000 if split.journal_ts else None
-                self.result.access[(minute, None, split.host, split.unit, found.group(2), found.group(3),
-                                    found.group(4))] += 1
-                counted += 1
-            return counted
-        # One findall over the joined lines; Counter counts the tuples in C.
-        keys = self.access_key_re.findall(b"\n".join(lines))
-        self.result.access.update(Counter(keys))
-        return len(keys)
-
-    def _access_lines_plain(self, data: bytes) -> int:
-        """Access lines of a plain log; returns how many had no sglang time prefix.
-
-        sglang's own uvicorn config writes ``[2025-07-01 12:00:00] INFO:     ...`` (its time is
-        the line's minute); plain uvicorn writes no time at all (then the minute of the nearest
-        earlier sglang line is taken). Prefixed lines are already counted by the bulk count.
-        """
-        find = data.find
-        rfind = data.rfind
-        counts = self.result.access
-        match = UVICORN_ACCESS.match
-        prefix_match = SGLANG_PREFIX.match
-        unprefixed = 0
-        last_minute = self.last_minute
-        for start, end in self._line_spans(data, ACCESS_LITERAL):
-            found = match(data, start, end)
-            if found is None:
-                prefix = prefix_match(data, start, end) if data.startswith(b"[20", start) else None
-                found = match(data, prefix.end(), end) if prefix is not None else None
-                if found is None:
-                    continue
-                last_minute = data[start + 1: start + 17]
-                counts[(last_minute, None, None, None, found.group(2), found.group(3), found.group(4))] += 1
-                continue
-            unprefixed += 1
-            # uvicorn prints no time: take the minute of the nearest earlier sglang line.
-            previous = rfind(b"\n[20", 0, start)
-            if previous >= 0:
-                last_minute = data[previous + 2: previous + 18]
-            elif data.startswith(b"[20"):
-                last_minute = data[1:17]
-            if last_minute is None:
-                following = find(b"\n[20", end - 1)
-                minute = data[following + 2: following + 18] if following >= 0 else None
-            else:
-                minute = last_minute
-            counts[(minute, None, None, None, found.group(2), found.group(3), found.group(4))] += 1
-        self.last_minute = last_minute
-        return unprefixed
 
     # --------------------------------------------------------------- counting
     def _bulk_known(self, data: bytes) -> int:
