@@ -18,7 +18,7 @@ What the interpreter does not model is never passed over in silence: a ``match``
 statement, a handler chosen at run time (``self.handlers[msg[0]](msg)``), a tag compared
 with a value it cannot resolve, the frames handed to a call it does not follow before any
 test on them, a nested loop over the frames. Each is recorded (``State.opaque``, and
-:func:`structural_problems` for the loop body as written) with its file and line, and the
+:func:`forensics.handlers.loops.structural_problems` for the loop body as written) with its file and line, and the
 loop is then reported as not understood rather than as handling what it was given.
 """
 
@@ -28,15 +28,8 @@ import ast
 from dataclasses import dataclass, field
 
 from forensics.handlers.model import (
-    DIES,
-    DROPPED_LOGGED,
-    DROPPED_SILENTLY,
-    DROPPED_WARNING,
-    HANDLED,
-    Branch,
     Element,
     FrameShape,
-    Outcome,
 )
 from forensics.handlers.source_index import NONE, ParsedFile, SourceIndex
 
@@ -117,7 +110,7 @@ class State:
                      self.opaque)
 
 
-def _as_bytes(value: object) -> bytes | None:
+def as_bytes(value: object) -> bytes | None:
     if isinstance(value, bytes):
         return value
     if isinstance(value, str):
@@ -167,7 +160,7 @@ class Interpreter:
         elif isinstance(func, ast.Name) and func.id in st.names:
             chosen = func.id
         if chosen is not None:
-            self.opaque(st, node, f"the frames go to a handler chosen at run time ({_short(chosen)}); "
+            self.opaque(st, node, f"the frames go to a handler chosen at run time ({shorten(chosen)}); "
                                   "the analysis cannot tell which tags it takes")
 
     def _frame_names(self, st: State) -> set[str]:
@@ -258,7 +251,7 @@ class Interpreter:
         if isinstance(func, ast.Attribute) and func.attr in ("encode", "decode") and not node.args[1:]:
             base = self.value(func.value, st, depth)
             if isinstance(base, Const) and isinstance(base.value, str | bytes):
-                raw = _as_bytes(base.value)
+                raw = as_bytes(base.value)
                 return Const(raw.decode() if func.attr == "decode" and raw is not None else raw)
             return base
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "logger":
@@ -292,7 +285,7 @@ class Interpreter:
                     f"ValueError: {ast.unparse(node)} on frame [{argument.index}] = {element.label()!r}",
                 )
         elif isinstance(argument, Const) and isinstance(argument.value, str | bytes):
-            raw = _as_bytes(argument.value) or b""
+            raw = as_bytes(argument.value) or b""
             if not _is_numeric(raw):
                 raise FrameError("ValueError", node, f"ValueError: {ast.unparse(node)} of {raw!r}")
 
@@ -390,8 +383,8 @@ class Interpreter:
             return
         for mine, other, other_node in ((left, right, node.comparators[0]), (right, left, node.left)):
             if isinstance(mine, Elem) and st.shape.elements[mine.index].kind == "const" and not isinstance(other, Const):
-                self.opaque(st, node, f"a tag test the analysis cannot decide ({_short(ast.unparse(node))}): "
-                                      f"{_short(ast.unparse(other_node))} is not a constant it can resolve")
+                self.opaque(st, node, f"a tag test the analysis cannot decide ({shorten(ast.unparse(node))}): "
+                                      f"{shorten(ast.unparse(other_node))} is not a constant it can resolve")
                 return
 
     def truth(self, value: object, st: State) -> bool | None:
@@ -442,7 +435,7 @@ class Interpreter:
             left, right = right, left
         if isinstance(left, Elem) and isinstance(right, Const):
             element = st.shape.elements[left.index]
-            wanted = _as_bytes(right.value)
+            wanted = as_bytes(right.value)
             if wanted is None:
                 return False if right.value is None else None
             if element.kind == "const":
@@ -451,7 +444,7 @@ class Interpreter:
                 return False if not _is_numeric(wanted) else None
             return False  # opaque text/bytes never equal a protocol tag
         if isinstance(left, Const) and isinstance(right, Const):
-            a, b = _as_bytes(left.value), _as_bytes(right.value)
+            a, b = as_bytes(left.value), as_bytes(right.value)
             if a is not None and b is not None:
                 return a == b
             return left.value == right.value
@@ -585,25 +578,25 @@ class Interpreter:
                 if depth == 0 and st.matched is None and any(isinstance(a, Msg) for a in args):
                     # The whole message handed to a call made for its effect, before any test chose
                     # a case: that call is the dispatch, and the analysis does not follow it.
-                    self.opaque(st, call, f"the frames are handed to {_short(ast.unparse(func))}() before any "
+                    self.opaque(st, call, f"the frames are handed to {shorten(ast.unparse(func))}() before any "
                                           "test on them; the analysis does not follow that call")
                 return None
             self.value(node.value, st, depth)
             return None
         if isinstance(node, ast.For | ast.AsyncFor):
-            if _mentions(node.iter, self._frame_names(st)):
-                self.opaque(st, node, f"a nested loop over the frames (for ... in {_short(ast.unparse(node.iter))}) "
+            if mentions(node.iter, self._frame_names(st)):
+                self.opaque(st, node, f"a nested loop over the frames (for ... in {shorten(ast.unparse(node.iter))}) "
                                       "is not interpreted")
             return None
         if isinstance(node, ast.While):
-            if _mentions(node.test, self._frame_names(st)):
-                self.opaque(st, node, f"a nested loop on the frames (while {_short(ast.unparse(node.test))}) "
+            if mentions(node.test, self._frame_names(st)):
+                self.opaque(st, node, f"a nested loop on the frames (while {shorten(ast.unparse(node.test))}) "
                                       "is not interpreted")
             return None
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             return None  # definitions do not steer this frame
         if isinstance(node, UNMODELLED):
-            self.opaque(st, node, f"a {_construct(node)} is not interpreted by the analysis")
+            self.opaque(st, node, f"a {construct_name(node)} is not interpreted by the analysis")
             return None
         return None
 
@@ -662,6 +655,11 @@ class Interpreter:
         self.value(value_node, st, depth)
 
 
+def mentions(node: ast.AST, names: set[str]) -> bool:
+    """Does ``node`` read any of ``names``?"""
+    return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
+
+
 def _catches(handler: ast.ExceptHandler, kind: str) -> bool:
     if handler.type is None:
         return True
@@ -686,386 +684,14 @@ def _render_message(node: ast.expr, interpreter: Interpreter, st: State) -> str:
     return "".join(parts)
 
 
-# ----------------------------------------------------------------------------- loops
-
-
-@dataclass
-class LoopCode:
-    """The parts of a receiver loop the interpreter needs."""
-
-    function: ast.FunctionDef
-    loop: ast.While
-    message_name: str  # the name bound to the received frames
-    parsed: ParsedFile
-    self_class: str | None
-    recv_helper: ast.FunctionDef | None = None  # consumes frames before the loop sees them
-    recv_helper_class: str | None = None
-
-
-def run_frame(index: SourceIndex, code: LoopCode, shape: FrameShape, opaque: list[Opaque] | None = None) -> Outcome:
-    """Deliver one frame to one loop and say what happens.
-
-    ``opaque``, when given, collects what the interpreter met and could not interpret on the way.
-    """
-    interpreter = Interpreter(index, code.self_class, code.parsed)
-    st = State(shape, opaque=opaque if opaque is not None else [])
-    if code.recv_helper is not None:
-        consumed = _consumed_by_recv_helper(index, code, shape, st.opaque)
-        if consumed is not None:
-            return consumed
-    st.names[code.message_name] = Msg(0)
-    body = code.loop.body
-    try:
-        terminal = interpreter.block(_after_receive(body, code.message_name), st, 0, in_loop=True)
-    except FrameError as error:
-        return _outcome(index, code, DIES, error.detail, error.node, st)
-    if st.caught is not None:
-        return _outcome(index, code, DROPPED_LOGGED, f"caught by the per-message except: {st.caught.detail}", st.caught.node, st)
-    if terminal.kind == "break":
-        return _outcome(index, code, DIES, "the loop breaks out: the thread ends", terminal.node, st)
-    if st.matched is not None:
-        return _outcome(index, code, HANDLED, "", st.matched, st)
-    if terminal.kind == "fallthrough" and st.warned:
-        return _outcome(index, code, DROPPED_WARNING, "logged as unexpected and skipped", body[-1], st)
-    if terminal.kind == "fallthrough":
-        return _outcome(index, code, HANDLED, "taken by the default path", body[-1], st)
-    if st.warned:
-        return _outcome(index, code, DROPPED_WARNING, "logged as unexpected and skipped", terminal.node, st)
-    return _outcome(index, code, DROPPED_SILENTLY, "skipped without a log line", terminal.node, st)
-
-
-def _consumed_by_recv_helper(index: SourceIndex, code: LoopCode, shape: FrameShape,
-                             opaque: list[Opaque]) -> Outcome | None:
-    """A recv wrapper (``_make_worker_recv``) may consume some frames (BOOTSTRAP) before the loop."""
-    helper = code.recv_helper
-    assert helper is not None
-    interpreter = Interpreter(index, code.recv_helper_class, index.file_of(helper))
-    for node in ast.walk(helper):
-        if isinstance(node, ast.IfExp | ast.If) and isinstance(node.test, ast.Call):
-            call = node.test
-            resolved = interpreter.resolve_helper(call.func)
-            if resolved is None or not call.args:
-                continue
-            st = State(shape, opaque=opaque)
-            try:
-                result = interpreter.run_helper(resolved, call, [Msg(0)], st, 1)
-            except FrameError as error:
-                return _outcome(index, code, DIES, f"in {helper.name}: {error.detail}", error.node, st)
-            if isinstance(result, Const) and result.value is True:
-                st.conditional = True  # the wrapper consumes frames only when its feature is on
-                return _outcome(index, code, HANDLED, f"consumed by {helper.name} ({ast.unparse(call.func)})", call, st)
-    return None
-
-
-def _after_receive(body: list[ast.stmt], message_name: str) -> list[ast.stmt]:
-    """The loop body with the receiving statement taken out (it binds the message name)."""
-    kept: list[ast.stmt] = []
-    for statement in body:
-        if isinstance(statement, ast.Try):
-            original = statement
-            statement = ast.Try(
-                body=_after_receive(original.body, message_name),
-                handlers=original.handlers,
-                orelse=original.orelse,
-                finalbody=original.finalbody,
-            )
-            ast.copy_location(statement, original)
-            statement.end_lineno = original.end_lineno
-        elif _binds(statement, message_name) and _receives(statement):
-            continue
-        kept.append(statement)
-    return kept
-
-
-def _binds(statement: ast.stmt, name: str) -> bool:
-    return (
-        isinstance(statement, ast.Assign)
-        and isinstance(statement.targets[0], ast.Name)
-        and statement.targets[0].id == name
-    )
-
-
-def _receives(statement: ast.stmt) -> bool:
-    return any(
-        isinstance(n, ast.Call)
-        and (
-            (isinstance(n.func, ast.Attribute) and n.func.attr == "recv_multipart")
-            or isinstance(n.func, ast.Name)
-        )
-        for n in ast.walk(statement)
-    )
-
-
-def _outcome(index: SourceIndex, code: LoopCode, fate: str, detail: str, node: ast.AST | None,
-             st: State) -> Outcome:
-    parsed = code.parsed
-    if node is not None and node not in parsed.parents:
-        try:
-            parsed = index.file_of(node)
-        except KeyError:
-            pass
-    line = getattr(node, "lineno", code.loop.lineno)
-    end = getattr(node, "end_lineno", line) or line
-    branch_node = _enclosing_if(node, parsed, code.loop)
-    # Show the whole deciding statement: the if with its body, or the assert.
-    shown = branch_node if branch_node is not None else _enclosing_statement(node, parsed)
-    if shown is not None:
-        line_from = shown.lineno
-        end = max(end, shown.end_lineno or end)
-    else:
-        line_from = line
-    return Outcome(
-        fate=fate,
-        detail=detail,
-        file=parsed.relpath,
-        line=line,
-        branch=ast.unparse(branch_node.test) if branch_node is not None else "",
-        conditional=st.conditional,
-        source=parsed.segment(line_from, end),
-    )
-
-
-def _enclosing_statement(node: ast.AST | None, parsed: ParsedFile) -> ast.stmt | None:
-    current = node
-    while current is not None and not isinstance(current, ast.stmt):
-        current = parsed.parents.get(current)
-    return current
-
-
-def _enclosing_if(node: ast.AST | None, parsed: ParsedFile, loop: ast.While) -> ast.If | None:
-    current = node
-    while current is not None and current is not loop:
-        if isinstance(current, ast.If):
-            return current
-        if isinstance(current, ast.FunctionDef):
-            return None
-        current = parsed.parents.get(current)
-    return None
-
-
 UNMODELLED = (ast.Match, ast.AsyncWith, ast.TryStar) if hasattr(ast, "TryStar") else (ast.Match, ast.AsyncWith)
 
 
-def _construct(node: ast.AST) -> str:
+def construct_name(node: ast.AST) -> str:
     return {"Match": "match statement", "AsyncWith": "async with block", "TryStar": "try/except* block",
             "AsyncFor": "async for loop"}.get(type(node).__name__, type(node).__name__)
 
 
-def _short(text: str, limit: int = 60) -> str:
+def shorten(text: str, limit: int = 60) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def structural_problems(code: LoopCode) -> list[Opaque]:
-    """Constructs in the loop body, as written, that the interpreter does not model.
-
-    Checked whether or not a probe frame reaches them: a ``match`` the interpreter skipped
-    could be where the frame it called "handled" really goes.
-    """
-    found: list[Opaque] = []
-    pending: list[ast.AST] = list(code.loop.body)
-    while pending:
-        node = pending.pop(0)
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
-            continue
-        if isinstance(node, (*UNMODELLED, ast.AsyncFor)):
-            entry = Opaque(code.parsed.relpath, node.lineno, f"a {_construct(node)} is not interpreted by the analysis")
-            if entry not in found:
-                found.append(entry)
-        pending.extend(ast.iter_child_nodes(node))
-    return sorted(found, key=lambda o: o.line)
-
-
-def foreign_shape(arity: int) -> FrameShape:
-    """A frame with a tag no sender uses, followed by opaque frames."""
-    return FrameShape((Element("const", b"<unknown tag>"),) + (Element("bytes"),) * (arity - 1))
-
-
-# ----------------------------------------------------------------------------- branches
-
-
-def extract_branches(index: SourceIndex, code: LoopCode) -> list[Branch]:
-    """The loop's ordered dispatch: each test on the message, in source order, with its tags."""
-    interpreter = Interpreter(index, code.self_class, code.parsed)
-    derived = {code.message_name}
-    messages = {code.message_name}  # the message itself and slices of it (payload = msg[1:])
-    branches: list[Branch] = []
-    statements = _flatten(_after_receive(code.loop.body, code.message_name))
-    for statement in statements:
-        if isinstance(statement, ast.Assign) and _mentions(statement.value, derived):
-            value = statement.value
-            whole = (isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Slice)) or (
-                isinstance(value, ast.Call) and any(isinstance(a, ast.Name) and a.id in messages for a in value.args)
-            )
-            for target in statement.targets:
-                for name in ast.walk(target):
-                    if isinstance(name, ast.Name):
-                        derived.add(name.id)
-                        if whole:
-                            messages.add(name.id)
-        if isinstance(statement, ast.If) and _mentions(statement.test, derived) and _dispatches(
-            interpreter, statement.test, messages
-        ):
-            _add_if_branches(interpreter, code, statement, derived, branches)
-        elif isinstance(statement, ast.Assert) and _mentions(statement.test, derived):
-            tags = _tags_in(interpreter, statement.test)
-            branches.append(
-                _branch(code, len(branches), tags, "guard-assert",
-                        "frames that pass the check go on; anything else: AssertionError ends the thread",
-                        statement)
-            )
-    tail = [s for s in statements if getattr(s, "lineno", 0) > (branches[-1].end_line if branches else 0)]
-    if tail:
-        first, last = tail[0], tail[-1]
-        summary = _summary(code, tail, "default path")
-        branches.append(
-            Branch(len(branches), ["<room>"], "fallback", summary, code.parsed.relpath, first.lineno,
-                   last.end_lineno or last.lineno, code.parsed.segment(first.lineno, last.end_lineno or last.lineno))
-        )
-    return branches
-
-
-def _dispatches(interpreter: Interpreter, test: ast.expr, messages: set[str]) -> bool:
-    """A test that chooses by the message: a tag compared, a helper handed the message, a helper result checked."""
-    if _tags_in(interpreter, test):
-        return True
-    if any(
-        isinstance(n, ast.Call) and any(isinstance(a, ast.Name) and a.id in messages for a in n.args)
-        for n in ast.walk(test)
-    ):
-        return True
-    return isinstance(test, ast.Compare) and "is None" in ast.unparse(test) and _mentions(test, messages)
-
-
-def _flatten(statements: list[ast.stmt]) -> list[ast.stmt]:
-    flat: list[ast.stmt] = []
-    for statement in statements:
-        if isinstance(statement, ast.Try):
-            flat.extend(_flatten(statement.body))
-        else:
-            flat.append(statement)
-    return flat
-
-
-def _add_if_branches(interpreter: Interpreter, code: LoopCode, node: ast.If, derived: set[str],
-                     branches: list[Branch]) -> None:
-    tags = _tags_in(interpreter, node.test)
-    negated = isinstance(node.test, ast.UnaryOp) or any(
-        isinstance(c, ast.Compare) and any(isinstance(op, ast.NotEq | ast.NotIn | ast.Is) for op in c.ops)
-        for c in ast.walk(node.test)
-    )
-    helper_call = next((c for c in ast.walk(node.test) if isinstance(c, ast.Call)), None)
-    if not tags and helper_call is not None:
-        tags = _helper_tags(interpreter, helper_call)
-    name_test = ast.unparse(node.test)
-    if "is None" in name_test and not tags:
-        tags = _assigned_helper_tags(interpreter, code, node)
-        kind = "guard-check" if tags else "check"
-        summary = _summary(code, node.body, f"{name_test}: skip")
-    elif negated and tags and not helper_call:
-        kind = "guard-check"
-        summary = _summary(code, node.body, f"not {'/'.join(tags)}: skip")
-    else:
-        kind = "helper" if helper_call is not None and not _direct_compare(node.test) else "tag"
-        if tags == ["None"]:
-            kind = "registration"
-        summary = _summary(code, node.body, "")
-    branches.append(_branch(code, len(branches), tags, kind, summary, node, body_only=True))
-    if node.orelse and not (len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If)):
-        first, last = node.orelse[0], node.orelse[-1]
-        branches.append(
-            Branch(len(branches), ["<room>"], "fallback", _summary(code, node.orelse, "else"), code.parsed.relpath,
-                   first.lineno, last.end_lineno or last.lineno,
-                   code.parsed.segment(first.lineno, last.end_lineno or last.lineno))
-        )
-    elif node.orelse:
-        _add_if_branches(interpreter, code, node.orelse[0], derived, branches)  # type: ignore[arg-type]
-
-
-def _direct_compare(test: ast.expr) -> bool:
-    return any(isinstance(n, ast.Compare) for n in ast.walk(test))
-
-
-def _tags_in(interpreter: Interpreter, test: ast.expr) -> list[str]:
-    tags: list[str] = []
-    for node in ast.walk(test):
-        if isinstance(node, ast.Compare):
-            for operand in [node.left, *node.comparators]:
-                candidates = operand.elts if isinstance(operand, ast.Tuple | ast.List | ast.Set) else [operand]
-                for candidate in candidates:
-                    value = interpreter.value(candidate, State(FrameShape(())))
-                    if isinstance(value, Const) and isinstance(value.value, bytes | str) and value.value != "":
-                        label = (_as_bytes(value.value) or b"").decode("ascii", "replace")
-                        if label not in tags:
-                            tags.append(label)
-    return tags
-
-
-def _helper_tags(interpreter: Interpreter, call: ast.Call) -> list[str]:
-    resolved = interpreter.resolve_helper(call.func)
-    if resolved is None:
-        return []
-    helper_interpreter, function = resolved
-    tags: list[str] = []
-    for node in ast.walk(function):
-        if isinstance(node, ast.If):
-            for tag in _tags_in(helper_interpreter, node.test):
-                if tag not in tags:
-                    tags.append(tag)
-    return tags
-
-
-def _assigned_helper_tags(interpreter: Interpreter, code: LoopCode, node: ast.If) -> list[str]:
-    names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
-    for statement in ast.walk(code.loop):
-        if isinstance(statement, ast.Assign) and isinstance(statement.targets[0], ast.Name):
-            if statement.targets[0].id in names and isinstance(statement.value, ast.Call):
-                return _helper_tags(interpreter, statement.value)
-    return []
-
-
-def _mentions(node: ast.AST, names: set[str]) -> bool:
-    return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
-
-
-def _branch(code: LoopCode, order: int, tags: list[str], kind: str, summary: str, node: ast.stmt,
-            body_only: bool = False) -> Branch:
-    first = node.lineno
-    last = node.end_lineno or first
-    if body_only and isinstance(node, ast.If) and node.body:
-        last = node.body[-1].end_lineno or last
-    return Branch(order, tags, kind, summary, code.parsed.relpath, first, last, code.parsed.segment(first, last))
-
-
-def _summary(code: LoopCode, body: list[ast.stmt], fallback: str) -> str:
-    """The comment above the branch if sglang wrote one, else the calls it makes."""
-    if body:
-        first_line = getattr(body[0], "lineno", 0)
-        owner = code.parsed.parents.get(body[0])
-        header = getattr(owner, "lineno", first_line) if isinstance(owner, ast.If) else first_line
-        for candidate in (header - 1, first_line - 1):
-            if 0 < candidate <= len(code.parsed.lines):
-                text = code.parsed.lines[candidate - 1].strip()
-                if text.startswith("#"):
-                    return text.lstrip("# ").strip()
-    calls: list[str] = []
-    for statement in body:
-        for node in ast.walk(statement):
-            if isinstance(node, ast.Call):
-                name = ast.unparse(node.func)
-                if name.startswith("logger.") or name in ("int", "str", "len", "next") or name.endswith(
-                    ("encode", "decode")
-                ):
-                    continue
-                short = name.replace("self.", "")
-                if short not in calls:
-                    calls.append(short)
-    ends = [type(s).__name__.lower() for s in body if isinstance(s, ast.Continue | ast.Return)]
-    text = ", ".join(calls[:4])
-    if fallback and not text:
-        return fallback
-    if text:
-        text = f"calls {text}"
-    if ends:
-        text = f"{text}; {ends[-1]}" if text else ends[-1]
-    return f"{fallback}: {text}" if fallback and text else text or fallback

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from forensics.exitcodes import ExitStatus, Undecided
-from forensics.handlers.dispatch import LoopCode, Opaque, run_frame
+from forensics.handlers.dispatch import Opaque
+from forensics.handlers.loops import LoopCode, run_frame
 from forensics.handlers.model import (
     ANALYSIS_ERROR,
     CLEAN,
@@ -42,17 +43,15 @@ from forensics.handlers.model import (
     UnreadableSource,
     describe_unreadable,
 )
+from forensics.handlers.senders import find_send_sites, has_bootstrap_timeout, senders_for_backend
 from forensics.handlers.source_index import SourceIndex
 from forensics.handlers.source_scan import (
     BackendClasses,
     backend_classes,
     evaluate_loop,
     find_loops,
-    find_send_sites,
-    has_bootstrap_timeout,
     loops_for_backend,
     not_understood,
-    senders_for_backend,
 )
 from forensics.sglang_source import SglangSource, SourceError
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from forensics.exitcodes import ExitStatus
-from forensics.handlers.dispatch import foreign_shape, run_frame
+from forensics.handlers.loops import foreign_shape, run_frame
 from forensics.handlers.model import (
     CLEAN,
     DIES,

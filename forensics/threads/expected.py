@@ -35,7 +35,7 @@ from pathlib import Path
 import pandas as pd
 
 from forensics.handlers.source_index import ParsedFile, SourceIndex
-from forensics.handlers.source_scan import _daemon, _local_defs, _thread_calls, backend_classes
+from forensics.handlers.source_scan import backend_classes, daemon_flag, local_defs, thread_calls
 from forensics.sglang_source import DISAGGREGATION, SglangSource, resolve
 from forensics.threads.envdefaults import UNKNOWN, call_site_default, read_environ
 
@@ -230,7 +230,7 @@ class _Deriver:
         self.env = dict(env)
         self.defaults = read_environ(source.srt)
         self.mro = index.mro(manager)
-        self.thread_calls = {id(c) for p in index.files.values() for c in _thread_calls(p)}
+        self.thread_calls = {id(c) for p in index.files.values() for c in thread_calls(p)}
         # self.X = ... per attribute. Only the assignments made on the way of __init__ count when
         # there are any: a teardown's ``self.transfer_queues = []`` must not size the pool.
         init_methods = self._init_methods()
@@ -495,7 +495,7 @@ class _Deriver:
         starter = f"{owner.name}.{start.function.name}" if owner else start.function.name
         target_source = None
         if isinstance(target_node, ast.Name):
-            local = _local_defs(start.function).get(target_node.id)
+            local = local_defs(start.function).get(target_node.id)
             if local is not None:
                 target_source = f"{DISAGGREGATION}/{parsed.relpath}:{local.lineno}"
         elif isinstance(target_node, ast.Attribute):
@@ -544,7 +544,7 @@ class _Deriver:
                 target=target,
                 thread_name=shown,
                 name_pattern=pattern,
-                daemon=_daemon(call, start.function),
+                daemon=daemon_flag(call, start.function),
                 started=start.started,
                 min_count=min_count,
                 max_count=max_count,
