@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from forensics.collection import engine_pieces
-from forensics.collection.run import CollectOptions, _concat, as_inventory, engines_frame
+from forensics.collection.run import CollectOptions, as_inventory, concat_frames, engines_frame
 from forensics.diagnosis import Verdict, decide
 from forensics.evidence import Evidence
 
@@ -115,7 +115,7 @@ class Watcher:
             gaps.extend(part.gaps)
         cutoff = pd.Timestamp.now(tz="UTC") - pd.Timedelta(seconds=self.settings.window_s)
         probes = self.runner.results().frame
-        merged = {name: _concat(parts) for name, parts in frames.items()}
+        merged = {name: concat_frames(parts) for name, parts in frames.items()}
         merged["probes"] = probes[probes["ts"] >= cutoff].reset_index(drop=True)
         if self.scraper is not None:
             samples = self.scraper.result().to_frame()

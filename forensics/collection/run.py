@@ -148,7 +148,7 @@ def collect(target: Any, *, options: CollectOptions | None = None, progress: Pro
         # After the sampling: the history then covers the whole collection, up to our last scrape.
         total += 1
         keep(engine_pieces.prometheus_history(inventory, bounds, options), "Prometheus history")
-    merged = {name: _concat(parts) for name, parts in frames.items()}
+    merged = {name: concat_frames(parts) for name, parts in frames.items()}
     merged["engines"] = engines_frame(inventory)
     deployment = {
         "name": inventory.name, "sglang": inventory.sglang or versions.seen_version(), "backend": inventory.backend,
@@ -165,7 +165,7 @@ def _iso(ts) -> str | None:
     return None if ts is None else pd.Timestamp(ts).isoformat()
 
 
-def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
+def concat_frames(parts: list[pd.DataFrame]) -> pd.DataFrame:
     parts = [p for p in parts if p is not None]
     non_empty = [p for p in parts if len(p)]
     if not non_empty:

@@ -109,7 +109,7 @@ def _conform(frame: pd.DataFrame, schema: dict[str, str]) -> pd.DataFrame:
     return frame
 
 
-def _empty(schema: dict[str, str]) -> pd.DataFrame:
+def empty_frame(schema: dict[str, str]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series([], dtype=d) for c, d in schema.items()})
 
 
@@ -212,7 +212,7 @@ def metrics_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme or "http", parts.netloc, path, parts.query, ""))
 
 
-def _describe(exc: BaseException) -> str:
+def describe_fetch_error(exc: BaseException) -> str:
     if isinstance(exc, LimitExceeded | _HTTPStatus):
         return str(exc)
     if isinstance(exc, urllib.error.HTTPError):
@@ -247,7 +247,7 @@ def scrape_once(role: str, host: str, url: str, *, timeout_s: float = 5.0,
             # Nothing on the page could be read: the scrape failed, for the first line's reason.
             raise page.problems[0]
     except Exception as exc:  # every failure is evidence: recorded, not raised
-        return _Scrape(ts_ns, role, host, redact_url(target), False, _describe(exc), status,
+        return _Scrape(ts_ns, role, host, redact_url(target), False, describe_fetch_error(exc), status,
                        time.perf_counter() - started, None)
     return _Scrape(ts_ns, role, host, redact_url(target), True, None, status, time.perf_counter() - started, page)
 
@@ -366,7 +366,7 @@ class MetricsScraper:
 def _samples_frame(scrapes: list[_Scrape]) -> pd.DataFrame:
     """All scrapes into one long frame, column by column (no per-scrape frames)."""
     if not scrapes:
-        return _empty(SAMPLES_SCHEMA)
+        return empty_frame(SAMPLES_SCHEMA)
     combined = ExpositionPage()
     metric, labels, texts, kinds = combined.metric, combined.labels, combined.value_text, combined.type
     values: list[np.ndarray] = []
@@ -418,7 +418,7 @@ def _samples_frame(scrapes: list[_Scrape]) -> pd.DataFrame:
 
 def _scrapes_frame(scrapes: list[_Scrape]) -> pd.DataFrame:
     if not scrapes:
-        return _empty(SCRAPES_SCHEMA)
+        return empty_frame(SCRAPES_SCHEMA)
     n = len(scrapes)
     status = np.array([s.http_status or 0 for s in scrapes], dtype=np.int64)
     frame = pd.DataFrame({

@@ -37,10 +37,10 @@ from .metrics import (
     SCRAPES_SCHEMA,
     ExpositionPage,
     MetricsSeries,
-    _describe,
-    _empty,
     add_rates,
     canonical_name,
+    describe_fetch_error,
+    empty_frame,
     redact_url,
     renames,
 )
@@ -92,7 +92,7 @@ class PrometheusAPI:
         except LimitExceeded as exc:
             raise PrometheusQueryError(str(exc).replace(exc.url, where, 1)) from None
         except (OSError, ValueError, http.client.HTTPException) as exc:
-            raise PrometheusQueryError(f"{where}: {_describe(exc)}") from None
+            raise PrometheusQueryError(f"{where}: {describe_fetch_error(exc)}") from None
         if answer.status != 200:
             try:
                 detail = answer.json().get("error", "")
@@ -193,7 +193,7 @@ class PrometheusAPI:
         order = frame.sort_values("ts", kind="stable").index.to_numpy()
         frame = frame.iloc[order].reset_index(drop=True)
         frame["rate"] = add_rates(frame, np.array(cumulative, dtype=bool)[order])
-        return MetricsSeries(frame, _empty(SCRAPES_SCHEMA))
+        return MetricsSeries(frame, empty_frame(SCRAPES_SCHEMA))
 
 
 def _escape(value: str) -> str:

@@ -55,10 +55,10 @@ class Session:
         self.sent = 0
 
     def info(self) -> dict:
-        from forensics.sandbox.managers import _env_value, _envs
+        from forensics.sandbox.managers import env_value, sglang_envs
 
         def release_env(name: str):
-            return _env_value(_envs(), name, None)
+            return env_value(sglang_envs(), name, None)
 
         return {
             "version": self.release.version,

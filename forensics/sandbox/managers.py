@@ -51,7 +51,7 @@ def manager_class(module: types.ModuleType, backend: str) -> type:
 
 def common_manager_state(mgr, mode, *, socket, port: int, host: str, agent, kv_args) -> None:
     """Attributes CommonKVManager.__init__ (and the backend's) would set, for one TP=1 rank."""
-    envs = _envs()
+    envs = sglang_envs()
     values = {
         "kv_args": kv_args,
         "kv_item_lens_sum": sum(kv_args.kv_item_lens),
@@ -99,8 +99,8 @@ def common_manager_state(mgr, mode, *, socket, port: int, host: str, agent, kv_a
         "deferred_bootstrap": None,
         "sender_trace_module": None,
         "receiver_trace_module": None,
-        "bootstrap_timeout": _env_value(envs, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300),
-        "waiting_timeout": _env_value(envs, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300),
+        "bootstrap_timeout": env_value(envs, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300),
+        "waiting_timeout": env_value(envs, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300),
         "heartbeat_interval": 5.0,
         "max_failures": 2,
         # 0.5.18+: decode context parallelism, sharding, deferred ABORT_ACK bookkeeping.
@@ -138,7 +138,7 @@ def common_manager_state(mgr, mode, *, socket, port: int, host: str, agent, kv_a
         setattr(mgr, name, value)
     # As CommonKVManager.__init__ (0.5.19+): the release default, where the backend supports it.
     mgr.enable_deferred_decode_kv_release = bool(
-        _env_value(envs, "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", False)
+        env_value(envs, "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", False)
         and getattr(mgr, "supports_deferred_decode_kv_release", False)
     )
     kv_args.kv_data_mem_kinds = ["VRAM"] * len(kv_args.kv_data_ptrs)
@@ -193,7 +193,7 @@ def mooncake_state(mgr, host: str, port: int, engine=None) -> None:
         "state_layout_rejections": {},
         "state_strides_validated": set(),
         # 0.5.20+: the cap on indices per batch transfer, compared with sizes in send_kvcache.
-        "max_transfer_batch_indices": _env_value(_envs(), "SGLANG_MOONCAKE_MAX_TRANSFER_BATCH_INDICES", None),
+        "max_transfer_batch_indices": env_value(sglang_envs(), "SGLANG_MOONCAKE_MAX_TRANSFER_BATCH_INDICES", None),
     }
     for name, value in values.items():
         setattr(mgr, name, value)
@@ -214,12 +214,12 @@ def set_initial_values(obj) -> None:
         setattr(obj, name, value)
 
 
-def _envs():
+def sglang_envs():
     environ = sys.modules.get("sglang.srt.environ")
     return getattr(environ, "envs", None) if environ is not None else None
 
 
-def _env_value(envs, name: str, default):
+def env_value(envs, name: str, default):
     try:
         return getattr(envs, name).get()
     except Exception:

@@ -44,7 +44,7 @@ import numpy as np
 import zmq
 from aiohttp import web
 
-from forensics.sandbox.managers import _env_value, _envs
+from forensics.sandbox.managers import env_value, sglang_envs
 from forensics.sandbox.prefill import CountingSocket
 from forensics.twin import httpserver, wire
 from forensics.twin import nixl_transfer as nx
@@ -103,8 +103,8 @@ class DecodeScheduler:
         # Failed transfers whose pages are held until the prefill acks the drain (ABORT_ACK) or the
         # hold times out: (item, deadline, acks required), as sglang's _deferred_releases.
         self.deferred_releases: list[tuple[DecodeRequest, float, int]] = []
-        self.deferred_release_timeout_s = float(_env_value(
-            _envs(), "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT", 30.0))
+        self.deferred_release_timeout_s = float(env_value(
+            sglang_envs(), "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT", 30.0))
 
     def submit(self, req: wire.GenerationRequest) -> DecodeRequest:
         item = DecodeRequest(req=req, events=asyncio.Queue())

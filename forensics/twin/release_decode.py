@@ -38,7 +38,7 @@ from packaging.version import Version
 from zmq.utils.monitor import parse_monitor_message
 
 from forensics.sandbox.host_memory import LAYERS, kv_args_for
-from forensics.sandbox.managers import _env_value, _envs, common_manager_state, set_initial_values
+from forensics.sandbox.managers import common_manager_state, env_value, set_initial_values, sglang_envs
 from forensics.sandbox.shim import LoadedRelease
 from forensics.twin.nixl_transfer import PagePool
 
@@ -107,8 +107,8 @@ class ReleaseDecode:
             # 0.5.11 key the prefills it checks on prefill_dp_size_table.
             "heartbeat_failures": {}, "session_pool": defaultdict(requests.Session),
             "session_pool_lock": threading.Lock(), "_heartbeat_shutdown": threading.Event(),
-            "heartbeat_interval": max(float(_env_value(_envs(), "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0)), 2.0),
-            "max_failures": max(int(_env_value(_envs(), "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2)), 1),
+            "heartbeat_interval": max(float(env_value(sglang_envs(), "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0)), 2.0),
+            "max_failures": max(int(env_value(sglang_envs(), "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2)), 1),
             "prefill_dp_size_table": {}, "prefill_tp_size_table": {}, "prefill_attn_tp_size_table": {},
             "prefill_pp_size_table": {},
         }

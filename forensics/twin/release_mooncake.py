@@ -28,11 +28,11 @@ from packaging.version import Version
 
 from forensics.sandbox.host_memory import LAYERS, HostKV
 from forensics.sandbox.managers import (
-    _env_value,
-    _envs,
     common_manager_state,
+    env_value,
     mooncake_state,
     set_initial_values,
+    sglang_envs,
 )
 from forensics.sandbox.shim import LoadedRelease
 from forensics.twin.nixl_transfer import FreeList
@@ -119,7 +119,7 @@ class MooncakeReleaseDecode(ReleaseDecode):
         common_manager_state(mgr, decode_mode, socket=server_socket, port=rank_port, host=local_ip, agent=None,
                              kv_args=kv_args)
         mooncake_state(mgr, local_ip, rank_port, engine=engine)
-        envs = _envs()
+        envs = sglang_envs()
         state = {
             "kv_args": kv_args, "engine": engine, "disaggregation_mode": decode_mode, "is_mla_backend": False,
             "local_ip": local_ip, "rank_port": rank_port, "server_socket": server_socket,
@@ -134,8 +134,8 @@ class MooncakeReleaseDecode(ReleaseDecode):
             "enable_deferred_decode_kv_release": False, "_deferred_abort_ack_tracker": {},
             "heartbeat_failures": {}, "session_pool": defaultdict(requests.Session),
             "session_pool_lock": threading.Lock(), "_heartbeat_shutdown": threading.Event(),
-            "heartbeat_interval": max(float(_env_value(envs, "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0)), 2.0),
-            "max_failures": max(int(_env_value(envs, "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2)), 1),
+            "heartbeat_interval": max(float(env_value(envs, "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0)), 2.0),
+            "max_failures": max(int(env_value(envs, "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2)), 1),
             "prefill_dp_size_table": {}, "prefill_tp_size_table": {}, "prefill_attn_tp_size_table": {},
             "prefill_pp_size_table": {},
             "_zmq_ctx": zmq.Context.instance(), "_socket_cache": {}, "_monitor_cache": {},
