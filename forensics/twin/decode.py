@@ -44,9 +44,10 @@ import numpy as np
 import zmq
 from aiohttp import web
 
+from forensics import sglang_source
 from forensics.sandbox.managers import env_value, sglang_envs
 from forensics.sandbox.prefill import CountingSocket
-from forensics.twin import httpserver, wire
+from forensics.twin import generate_answer, httpserver, wire
 from forensics.twin import nixl_transfer as nx
 from forensics.twin.logformat import decode_batch_line
 from forensics.twin.metrics import TwinMetrics
@@ -442,6 +443,11 @@ class DecodeServer(httpserver.EngineEndpoints):
         self.settings = settings
         self.version = version
         self.release = load_release(settings.release_of("decode")[1], version=version)
+        # The /generate answer's keys, as this release's tokenizer manager writes them (the
+        # decode's, which answers the router); what cannot be read is in twin_state(), not
+        # guessed, and not in the log (whose lines must stay the release's own).
+        self.answer = generate_answer.answer_keys(
+            sglang_source.from_directory(settings.release_of("decode")[1], version=version))
         self.zmq = zmq.Context()
         self.pull = self.zmq.socket(zmq.PULL)  # the decode's rank_port (read by the release from 0.5.20)
         self.pull.setsockopt(zmq.LINGER, 0)
@@ -493,7 +499,7 @@ class DecodeServer(httpserver.EngineEndpoints):
                 raise
             if outcome[0] == "error":
                 return web.json_response({"error": {"message": outcome[1]}}, status=500)
-            return web.json_response(wire.final_response(req, text, outcome[1]))
+            return web.json_response(wire.final_response(req, text, outcome[1], self.answer))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         text = ""
@@ -589,6 +595,7 @@ class DecodeServer(httpserver.EngineEndpoints):
         sched = self.scheduler
         return {
             "sglang_root": self.settings.release_of("decode")[1],
+            "generate_answer_unread": list(self.answer.unread),
             "prealloc_queue": len(sched.prealloc_queue),
             "transfer_queue": len(sched.transfer_queue),
             # Which request is where: a queue's length alone cannot tell a probe from a held request.

@@ -140,10 +140,34 @@ def final_chunk(req: GenerationRequest, text: str, meta: dict) -> dict:
                 choices=[{"index": 0, "delta": {}, "finish_reason": "length"}])
 
 
-def final_response(req: GenerationRequest, text: str, meta: dict) -> dict:
-    """The non-streaming response body."""
+def generate_body(req: GenerationRequest, text: str, meta: dict, answer) -> dict:
+    """A finished non-streamed ``/generate`` body with the keys the release's tokenizer manager
+    writes (``answer``: :class:`forensics.twin.generate_answer.AnswerKeys`) and the
+    twin's own instrumentation (``meta``) added to ``meta_info``. The values are what a
+    plain request gets from real sglang: zero retractions and cached tokens, null
+    ``cached_tokens_details`` and ``dp_rank`` (one DP rank), wall-clock ``*_ts`` stamps."""
+    now = time.time()
+    tokens = req.max_new_tokens
+    values = {"id": req.rid, "finish_reason": {"type": "length", "length": tokens},
+              "prompt_tokens": req.prompt_tokens, "completion_tokens": tokens, "weight_version": "default",
+              "num_retractions": 0, "reasoning_tokens": 0, "cached_tokens": 0, "cached_tokens_details": None,
+              "dp_rank": None, "queue_time": 0.0, "e2e_latency": now - req.created,
+              "request_received_ts": req.created, "api_server_dispatch_finish_ts": req.created,
+              "response_sent_to_client_ts": now, "request_finished_ts": now,
+              "decode_throughput": (tokens - 1) / max(now - req.created, 1e-6)}
+    info = {key: values.get(key) for key in answer.meta}
+    info.update(meta)
+    parts = {"text": text, "output_ids": list(range(tokens)), "meta_info": info}
+    return {key: parts.get(key) for key in answer.top}
+
+
+def final_response(req: GenerationRequest, text: str, meta: dict, answer=None) -> dict:
+    """The non-streaming response body (``/generate``: as :func:`generate_body` when the
+    release's answer keys are given)."""
     usage = {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.max_new_tokens,
              "total_tokens": req.prompt_tokens + req.max_new_tokens}
+    if req.endpoint == "/generate" and answer is not None and answer.top:
+        return generate_body(req, text, meta, answer)
     if req.endpoint == "/generate":
         info = {"id": req.rid, "prompt_tokens": req.prompt_tokens, "completion_tokens": req.max_new_tokens,
                 "finish_reason": {"type": "length", "length": req.max_new_tokens}}
