@@ -26,6 +26,7 @@ from typing import Literal
 import libcst as cst
 import libcst.matchers as m
 
+from forensics.exitcodes import ExitStatus, ForensicsError
 from patched_engine import snippets
 
 DEFAULT_LABEL = "sglang/srt/disaggregation/nixl/conn.py"
@@ -55,8 +56,12 @@ ANCHORS = {
 }
 
 
-class PatchError(ValueError):
-    """The file cannot be patched; the message says why."""
+class PatchError(ForensicsError, ValueError):
+    """The file cannot be patched; the message says why. A finding about the file (exit 1, as
+    ``forensics patch`` reports a refusal), and a ValueError for callers that test the input."""
+
+    exit_status = ExitStatus.BAD
+    word = "fail"
 
 
 class AnchorError(PatchError):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from forensics.exitcodes import Undecided
 
-class SandboxError(RuntimeError):
+
+class SandboxError(Undecided, RuntimeError):
     """The sandbox could not load or drive a release; the message names the missing piece.
 
-    Callers (``forensics patch verify``, the handler map) turn it into INCONCLUSIVE: it
-    says nothing about how the release behaves, only that this sandbox could not run it.
+    INCONCLUSIVE (exit 3) wherever it ends a command, as its callers (``forensics patch
+    verify``, the handler map) also read it: it says nothing about how the release behaves, only
+    that this sandbox could not run it. A RuntimeError still, for callers that catch those.
     """
 
 
