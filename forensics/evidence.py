@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from forensics import evidence_display
 from forensics.hosts.result import CommandResult
 from forensics.redact import redact_argv, redact_text
 
@@ -109,17 +110,18 @@ class Evidence:
     def gaps_for(self, piece: str) -> list[Gap]:
         return [gap for gap in self.gaps if gap.piece == piece]
 
+    @property
+    def known_frames(self) -> tuple[str, ...]:
+        """Every frame name an Evidence may hold, in their documented order (:data:`FRAMES`)."""
+        return FRAMES
+
     def __repr__(self) -> str:
         held = ", ".join(f"{name}={len(frame)}" for name, frame in self.frames.items())
         return f"<Evidence {self.deployment.get('name')!r}: {held}; {len(self.gaps)} gap(s)>"
 
     def _repr_html_(self) -> str:
         """JupyterLab: deployment, time, engines, frames with row counts, gaps highlighted (redacted, escaped)."""
-        from forensics.evidence_display import to_html
-
-        return to_html(self)
+        return evidence_display.to_html(self)
 
     def __rich__(self):
-        from forensics.evidence_display import renderable
-
-        return renderable(self)
+        return evidence_display.renderable(self)

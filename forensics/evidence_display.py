@@ -10,12 +10,14 @@ display must not be the place where something slips through) and, in HTML, ``htm
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from forensics.redact import redact_text
 
-if TYPE_CHECKING:  # pragma: no cover
-    from forensics.evidence import Evidence
+# The functions take an Evidence and read only its attributes (deployment, frames, gaps,
+# window, collected_at, known_frames): this module sits below forensics.evidence, which
+# imports it for its displays, so it never imports that module back.
+Evidence = Any
 
 _CELL = "text-align:left;vertical-align:top;padding:1px 8px"
 _GAP_ROW = "background:#fdd"  # nothing of the piece was read
@@ -58,17 +60,14 @@ def engine_rows(evidence: Evidence) -> list[tuple[str, str, str, str]]:
 
 def frame_rows(evidence: Evidence) -> list[tuple[str, int]]:
     """(frame name, row count) for every collected frame: the documented ones first, in their order."""
-    from forensics.evidence import FRAMES
-
-    names = [name for name in FRAMES if name in evidence.frames]
-    names += sorted(name for name in evidence.frames if name not in FRAMES)
+    known = evidence.known_frames
+    names = [name for name in known if name in evidence.frames]
+    names += sorted(name for name in evidence.frames if name not in known)
     return [(name, len(evidence.frames[name])) for name in names if evidence.frames[name] is not None]
 
 
 def missing_frames(evidence: Evidence) -> list[str]:
-    from forensics.evidence import FRAMES
-
-    return [name for name in FRAMES if evidence.frames.get(name) is None]
+    return [name for name in evidence.known_frames if evidence.frames.get(name) is None]
 
 
 def gaps_title(evidence: Evidence) -> str:

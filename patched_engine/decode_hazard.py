@@ -100,7 +100,7 @@ def decode_hazards(inv, cache: dict[str, Any] | None = None) -> tuple[list[Decod
     prefill's); a decode whose release cannot be had is undecided, named in the second list.
     """
     from forensics.exitcodes import EnvironmentProblem
-    from patched_engine.deploy_plan import restart_argv
+    from forensics.inventory.model import restart_argv
     from patched_engine.locate import locate
 
     cache = {} if cache is None else cache

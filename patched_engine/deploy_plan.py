@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from forensics.exitcodes import EnvironmentProblem
+from forensics.inventory.model import restart_argv
 from patched_engine import remote_file
 from patched_engine.baselines import (
     BASE_TEXT,
@@ -58,14 +59,6 @@ def patch_id_of(data: bytes) -> str | None:
     """The patch id a file carries (``PD_FORENSICS_PATCH = "..."``), or None."""
     match = SENTINEL_RE.search(data.decode("utf-8", errors="replace"))
     return match.group(1) if match else None
-
-
-def restart_argv(line: str) -> list[str]:
-    """The inventory's restart line as an argument list; ``sudo`` gets ``-n`` (fail, never prompt)."""
-    argv = shlex.split(line)
-    if argv and argv[0] in ("sudo", "/usr/bin/sudo") and "-n" not in argv[1:2]:
-        argv = [argv[0], "-n", *argv[1:]]
-    return argv
 
 
 def stamp() -> str:

@@ -182,7 +182,7 @@ def test_a_signed_duration_is_a_usage_problem(text, tmp_path):
     from forensics.logs.timewindow import parse_duration
     from forensics.storm.runner import make_plan
     from forensics.twin.api import build_inventory
-    from forensics.twin.settings import TwinSettings
+    from forensics.inventory.twin_table import TwinSettings
 
     with pytest.raises(UsageProblem, match="--kill-after .*a duration has no sign"):
         parse_duration(text, "--kill-after")

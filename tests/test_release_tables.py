@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from forensics import sglang_source
 from forensics.collectors import metrics as mc
+from forensics.collectors import renames as renames_module
 from forensics.logs import batchlines, sglang_format
 from forensics.logs import incident as gen
 from forensics.sglang_metrics import COLLECTOR_CLASSES, release_metrics
@@ -267,7 +268,7 @@ def test_renames_table_agrees_with_the_sources():
 
     releases = sglang_source.available_releases("0.5.1", "0.5.23")
     declared = {v: {s.name for s in release_metrics(v).specs} for v in releases}
-    rows = tomllib.loads(mc.RENAMES_FILE.read_text(encoding="utf-8"))["rename"]
+    rows = tomllib.loads(renames_module.RENAMES_FILE.read_text(encoding="utf-8"))["rename"]
     assert rows
     for row in rows:
         since = Version(row["since"])

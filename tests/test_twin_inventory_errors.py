@@ -10,7 +10,7 @@ import pytest
 import tomli_w
 
 from forensics.twin import api, inventory
-from forensics.twin.settings import TwinSettings
+from forensics.inventory.twin_table import TwinSettings
 
 FORENSICS = [sys.executable, "-m", "forensics"]
 
@@ -111,7 +111,7 @@ def test_the_restart_line_quotes_its_paths(tmp_path, name):
     import sys
 
     from forensics.twin.api import build_inventory
-    from forensics.twin.settings import TwinSettings
+    from forensics.inventory.twin_table import TwinSettings
 
     directory = tmp_path / name
     inventory_path = directory / "inventory.toml"

@@ -26,7 +26,7 @@ from twin_helpers import py_spy_dump, wait_until
 
 import forensics.twin as twin_api
 from forensics.twin import api, httpserver, inventory, processes
-from forensics.twin.settings import TwinSettings
+from forensics.inventory.twin_table import TwinSettings
 
 pytestmark = [pytest.mark.server]
 FORENSICS = [sys.executable, "-m", "forensics"]

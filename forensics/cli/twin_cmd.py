@@ -69,7 +69,7 @@ def _attach(inventory: str):
 def up(engine, model_size, version, decode_version, patched, backend, base_port, waiting_timeout, directory,
        as_json) -> None:
     """Start a twin (or the real engine: --engine sglang) and print its URLs and inventory."""
-    from forensics.twin.settings import DEFAULT_WAITING_TIMEOUT_S
+    from forensics.inventory.twin_table import DEFAULT_WAITING_TIMEOUT_S
 
     waiting = DEFAULT_WAITING_TIMEOUT_S if waiting_timeout is None else waiting_timeout
     if engine == "sglang":

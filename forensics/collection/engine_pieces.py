@@ -257,10 +257,9 @@ def collect_engine(inventory, engine, options, bounds, releases: ReleaseCache) -
 
 
 def _processes(host, engine, options, result: PieceResult) -> list:
-    from forensics.collectors.processes import ProcessSelector, find_processes
+    from forensics.collectors.processes import find_processes
 
-    chosen = engine.selector
-    selector = ProcessSelector(title=chosen.title, cmdline=chosen.cmdline, pid_file=chosen.pid_file)
+    selector = engine.selector
     # Never through sudo: /proc's stat and cmdline are world-readable, and a sudoers rule cannot
     # name "python3 -c SCRIPT" without granting a root shell (docs/LIVE.md). A root-only pid
     # file is then a gap naming it, never "no process".

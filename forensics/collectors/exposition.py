@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from forensics.collectors.renames import SAMPLE_SUFFIXES, canonical_name
+
 __all__ = ["SAMPLE_SUFFIXES", "ExpositionPage", "ExpositionParseError", "ParseCache", "family_of", "labels_dict",
            "parse_exposition"]
 
-SAMPLE_SUFFIXES = ("_total", "_created", "_bucket", "_count", "_sum", "_gcount", "_gsum", "_info")
 # A sample line longer than this is refused (a problem on that line): sglang's longest are a few
 # hundred characters, and one 10 MB label value, kept in every scrape's rows, cost 1.9 GB.
 MAX_SAMPLE_LINE = 64 * 1024
@@ -265,8 +266,6 @@ class ExpositionPage:
 
     def to_frame(self) -> pd.DataFrame:
         """metric, metric_canonical, type, labels, value, value_int, value_text."""
-        from .metrics import canonical_name
-
         metric = pd.Series(self.metric, dtype="string")
         return pd.DataFrame({
             "metric": metric,

@@ -18,31 +18,29 @@ from __future__ import annotations
 
 import threading
 import time
-import tomllib
 import urllib.error
 import urllib.parse
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 # URLs are recorded through the one table of what is secret (forensics.redact)
+from forensics.frames import conform, empty_frame
 from forensics.redact import redact_url
 
 from . import bounded_http
 from .bounded_http import METRICS_LIMITS, LimitExceeded, ReadLimits
 from .exposition import (
-    SAMPLE_SUFFIXES,
     ExpositionPage,
     ExpositionParseError,
     ParseCache,
     labels_dict,
     parse_exposition,
 )
+from .renames import canonical_name, renames
 
 __all__ = [
     "SAMPLES_SCHEMA",
@@ -95,53 +93,6 @@ SCRAPES_SCHEMA: dict[str, str] = {
 # Every scrape adds one row of this synthetic gauge to the samples frame: 1.0 ok, 0.0 failed
 # (with ``error``), so a failed scrape is a row, never a silent gap.
 SCRAPE_OK_METRIC = "forensics:scrape_ok"
-
-
-def _conform(frame: pd.DataFrame, schema: dict[str, str]) -> pd.DataFrame:
-    """Check (and fix only the harmless parts of) a frame against its schema."""
-    missing = [c for c in schema if c not in frame.columns]
-    if missing:
-        raise ValueError(f"frame lacks columns {missing}")
-    frame = frame[list(schema)]
-    for column, dtype in schema.items():
-        if str(frame[column].dtype) != dtype:
-            raise TypeError(f"column {column!r} is {frame[column].dtype}, schema says {dtype}")
-    return frame
-
-
-def empty_frame(schema: dict[str, str]) -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series([], dtype=d) for c, d in schema.items()})
-
-
-# --------------------------------------------------------------------------------------------
-# Renamed metrics: one table, data
-
-RENAMES_FILE = Path(__file__).with_name("renames.toml")
-
-
-@lru_cache(maxsize=1)
-def renames() -> dict[str, str]:
-    """``{scraped name: canonical name}`` for every rename in ``renames.toml``."""
-    table = tomllib.loads(RENAMES_FILE.read_text(encoding="utf-8"))
-    mapping: dict[str, str] = {}
-    for row in table.get("rename", []):
-        canonical = row["canonical"]
-        for name in row["names"]:
-            if name in mapping and mapping[name] != canonical:
-                raise ValueError(f"{RENAMES_FILE}: {name!r} renamed to both {mapping[name]!r} and {canonical!r}")
-            mapping[name] = canonical
-    return mapping
-
-
-def canonical_name(name: str) -> str:
-    """The current name of a sample name (a renamed family keeps its sample suffix)."""
-    table = renames()
-    if name in table:
-        return table[name]
-    for suffix in SAMPLE_SUFFIXES:
-        if name.endswith(suffix) and name[: -len(suffix)] in table:
-            return table[name[: -len(suffix)]] + suffix
-    return name
 
 
 # --------------------------------------------------------------------------------------------
@@ -413,7 +364,7 @@ def _samples_frame(scrapes: list[_Scrape]) -> pd.DataFrame:
         "error": per_scrape([s.error for s in scrapes], "string"),
     })
     frame["rate"] = add_rates(frame, combined.cumulative)
-    return _conform(frame, SAMPLES_SCHEMA)
+    return conform(frame, SAMPLES_SCHEMA, name="samples frame")
 
 
 def _scrapes_frame(scrapes: list[_Scrape]) -> pd.DataFrame:
@@ -437,7 +388,8 @@ def _scrapes_frame(scrapes: list[_Scrape]) -> pd.DataFrame:
             np.array([len(s.page) if s.page is not None else 0 for s in scrapes], dtype=np.int64),
             np.zeros(n, dtype=bool))),
     })
-    return _conform(frame.sort_values("ts", kind="stable").reset_index(drop=True), SCRAPES_SCHEMA)
+    return conform(frame.sort_values("ts", kind="stable").reset_index(drop=True), SCRAPES_SCHEMA,
+                   name="scrapes frame")
 
 
 # Units read off sglang's metric-name suffixes (data): (suffix, unit).
@@ -475,8 +427,8 @@ class MetricsSeries:
     """Scraped samples (:data:`SAMPLES_SCHEMA`) and scrape records (:data:`SCRAPES_SCHEMA`)."""
 
     def __init__(self, samples: pd.DataFrame, scrapes: pd.DataFrame) -> None:
-        self.samples = _conform(samples, SAMPLES_SCHEMA)
-        self.scrapes = _conform(scrapes, SCRAPES_SCHEMA)
+        self.samples = conform(samples, SAMPLES_SCHEMA, name="samples frame")
+        self.scrapes = conform(scrapes, SCRAPES_SCHEMA, name="scrapes frame")
 
     @classmethod
     def from_scrapes(cls, scrapes: list[_Scrape]) -> MetricsSeries:

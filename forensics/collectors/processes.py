@@ -32,6 +32,7 @@ import pandas as pd
 from forensics.evidence import Gap, command_record
 from forensics.hosts.base import Host
 from forensics.hosts.result import CommandResult, State
+from forensics.inventory.model import ProcessSelector
 from forensics.redact import redact_argv, redact_text
 
 __all__ = [
@@ -116,37 +117,6 @@ for pid in pids:
     out["procs"].append({"pid": pid, "ppid": ppid, "ticks": ticks, "comm": comm, "uid": uid, "cmdline": args})
 print(json.dumps(out))
 """
-
-
-@dataclass(frozen=True)
-class ProcessSelector:
-    """Which processes are the engine's: all the given criteria must hold.
-
-    ``title``: the process title starts with it (``sglang::scheduler`` matches the
-    ``sglang::scheduler_TP0`` sglang sets with setproctitle), or the kernel's 15-character
-    name equals it; ``cmdline``: a substring of the command line joined by spaces;
-    ``pid_file``: the pid written in this file on the host.
-    """
-
-    title: str | None = None
-    cmdline: str | None = None
-    pid_file: str | None = None
-    pid: int | None = None  # exactly this pid (used to find a known process again)
-
-    def __post_init__(self) -> None:
-        if not (self.title or self.cmdline or self.pid_file or self.pid):
-            raise ValueError("ProcessSelector needs a title, a cmdline substring, a pid_file or a pid")
-
-    @classmethod
-    def from_engine(cls, engine: Any) -> ProcessSelector:
-        """From an inventory engine (``process`` is the title, ``pid_file`` the pid file)."""
-        return cls(title=getattr(engine, "process", None), pid_file=getattr(engine, "pid_file", None))
-
-    def describe(self) -> str:
-        return " ".join(f"{k}={v!r}" for k, v in asdict(self).items() if v is not None)
-
-    def _hex(self) -> str:
-        return json.dumps(asdict(self)).encode().hex()
 
 
 @dataclass(frozen=True)
@@ -328,7 +298,7 @@ def find_processes(
     """
     target = target or host.name
     scan = ProcessScan(host.name, selector)
-    result = host.run([python, "-c", LOOKUP_SCRIPT, selector._hex()], timeout=timeout, sudo=sudo, max_bytes=MAX_BYTES)
+    result = host.run([python, "-c", LOOKUP_SCRIPT, json.dumps(asdict(selector)).encode().hex()], timeout=timeout, sudo=sudo, max_bytes=MAX_BYTES)
     record = command_record(result)
     record["argv"][2] = f"<process lookup script, {len(LOOKUP_SCRIPT)} characters>"
     scan.commands.append(record)

@@ -29,6 +29,8 @@ from datetime import datetime
 import numpy as np
 import pandas as pd
 
+from forensics.frames import empty_frame
+
 from ..exitcodes import EnvironmentProblem
 from . import bounded_http
 from .bounded_http import PROMETHEUS_LIMITS, LimitExceeded, ReadLimits
@@ -40,7 +42,6 @@ from .metrics import (
     add_rates,
     canonical_name,
     describe_fetch_error,
-    empty_frame,
     redact_url,
     renames,
 )

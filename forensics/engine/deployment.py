@@ -27,7 +27,7 @@ from pathlib import Path
 from forensics.engine import clone, launch, records, roles
 from forensics.exitcodes import EnvironmentProblem, UsageProblem
 from forensics.inventory import Engine, Host, Inventory, dump, load
-from forensics.twin.settings import DEFAULT_WAITING_TIMEOUT_S, TwinSettings
+from forensics.inventory.twin_table import DEFAULT_WAITING_TIMEOUT_S, TwinSettings
 
 INVENTORY_NAME = "inventory.toml"
 PORT_NAMES = ("router", "prefill", "bootstrap", "decode")

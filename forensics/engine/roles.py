@@ -1,7 +1,7 @@
 """The three roles of a real-engine deployment: their command lines, start under a lifeline, readiness.
 
 Each role's command line is derived from the inventory's ``[twin]`` table alone
-(:class:`~forensics.twin.settings.TwinSettings` with ``engine = "sglang"``), so ``twin restart``
+(:class:`~forensics.inventory.twin_table.TwinSettings` with ``engine = "sglang"``), so ``twin restart``
 starts a role exactly as ``twin up`` did: same interpreter (the deployment's clone), model,
 ports and environment. The prefill and decode are ``sglang.launch_server`` (:mod:`launch`), the
 router is sglang-router's mini load balancer.
@@ -27,7 +27,7 @@ from pathlib import Path
 from forensics.engine import launch, records
 from forensics.engine.lifeline import HeldProcess, start_held
 from forensics.exitcodes import UsageProblem
-from forensics.twin.settings import TwinSettings
+from forensics.inventory.twin_table import TwinSettings
 
 ROLE_ORDER = ("prefill", "decode", "router")
 EXTRA_ARGS_ENV = "FORENSICS_ENGINE_EXTRA_ARGS"

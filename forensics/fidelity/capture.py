@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 import psutil
 
 from forensics.collectors.metrics import labels_dict, parse_exposition
+from forensics.collectors.renames import SAMPLE_SUFFIXES
 from forensics.exitcodes import Undecided
 from forensics.fidelity.scenario import EVENTS, Marks
 
@@ -42,7 +43,6 @@ ENDPOINTS = ("/health", "/health_generate", "/get_server_info", "/server_info", 
 # Routes that may block on a wedged engine; captured while it serves.
 HTTP_TIMEOUT_S = 30.0
 _NUMBERED_THREAD = re.compile(r"^Thread-\d+")
-_SAMPLE_SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 
 
 class CaptureError(Undecided):
@@ -155,7 +155,7 @@ def metric_families(page: bytes | str) -> dict[str, dict]:
         name: {"type": kind, "labels": set(), "samples": set()} for name, kind in parsed.types.items()}
     for metric, labels in zip(parsed.metric, parsed.labels, strict=True):
         family = metric if metric in families else next(
-            (metric[: -len(s)] for s in _SAMPLE_SUFFIXES if metric.endswith(s) and metric[: -len(s)] in families),
+            (metric[: -len(s)] for s in SAMPLE_SUFFIXES if metric.endswith(s) and metric[: -len(s)] in families),
             metric)
         entry = families.setdefault(family, {"type": "untyped", "labels": set(), "samples": set()})
         entry["samples"].add(metric)

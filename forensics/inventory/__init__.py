@@ -14,6 +14,7 @@ of a key path, for errors), ``hosts`` (command hosts from [hosts] tables), ``err
 from __future__ import annotations
 
 from .errors import InventoryError
+from .host_spec import Host, HostConfig
 from .load import dump, load, loads, parse, text_line
 from .locate import Locator, format_path
 from .model import (
@@ -21,8 +22,6 @@ from .model import (
     LOG_KINDS,
     ROLES,
     Engine,
-    Host,
-    HostConfig,
     Inventory,
     LogSpec,
     ProcessSelector,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from .model import Host, HostConfig
+from .host_spec import Host, HostConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from forensics.hosts import Host as CommandHost

@@ -21,16 +21,13 @@ import tomli_w
 from forensics.redact import REDACTED, redact_text
 
 from .errors import InventoryError
+from .host_spec import DEFAULT_JOURNALCTL, DEFAULT_PY_SPY, Host, HostConfig
 from .locate import KeyPath, Locator, format_path
 from .model import (
     BACKENDS,
-    DEFAULT_JOURNALCTL,
-    DEFAULT_PY_SPY,
     LOG_KINDS,
     ROLES,
     Engine,
-    Host,
-    HostConfig,
     Inventory,
     LogSpec,
     ProcessSelector,
@@ -451,7 +448,10 @@ class _Checker:
         self.only(raw, where, PROCESS_KEYS)
         if not raw:
             raise self.error(where, f"give at least one of {', '.join(PROCESS_KEYS)}")
-        return ProcessSelector(**{k: self.get(raw, where, k, str) for k in PROCESS_KEYS})
+        try:
+            return ProcessSelector(**{k: self.get(raw, where, k, str) for k in PROCESS_KEYS})
+        except ValueError:  # every given criterion empty
+            raise self.error(where, f"give at least one non-empty {', '.join(PROCESS_KEYS)}") from None
 
     def unique_names(self, engines: list[Engine]) -> None:
         seen: dict[str, int] = {}
@@ -477,7 +477,7 @@ class _Checker:
             return raw
         from dataclasses import fields
 
-        from forensics.twin.settings import TwinSettings
+        from forensics.inventory.twin_table import TwinSettings
 
         self.only(raw, ("twin",), tuple(f.name for f in fields(TwinSettings)))
         try:

@@ -6,7 +6,7 @@ key, ``to_dict`` turns them back into the same TOML (``forensics.inventory.dump`
 
 from __future__ import annotations
 
-import re
+import shlex
 import threading
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from .errors import InventoryError
+from .host_spec import DEFAULT_JOURNALCTL, DEFAULT_PY_SPY, Host, HostConfig
+from .hosts import HostFactory
 
 if TYPE_CHECKING:  # pragma: no cover
     from forensics.hosts import Host as CommandHost
@@ -21,83 +23,6 @@ if TYPE_CHECKING:  # pragma: no cover
 ROLES = ("prefill", "decode", "router")
 BACKENDS = ("nixl", "mooncake", "mori", "ascend", "fake")
 LOG_KINDS = ("unit", "file", "command", "journal_file", "journal_dir")
-DEFAULT_PY_SPY = "py-spy"
-DEFAULT_JOURNALCTL = "journalctl"
-
-_HOST_RE = re.compile(r"^ssh://(?:(?P<user>[^@/:]+)@)?(?P<host>\[[^\]]+\]|[^:/@]+)(?::(?P<port>\d+))?/?$")
-
-
-@dataclass(frozen=True)
-class HostConfig:
-    """One ``[hosts.NAME]`` table: how to reach an SSH host and how to run tools there.
-
-    ``[hosts.local]`` may set ``sudo``, ``py_spy`` and ``journalctl`` for engines on this machine.
-    """
-
-    name: str
-    address: str
-    user: str | None = None
-    port: int | None = None
-    key: str | None = None  # identity file; ~ expanded when used
-    jump: str | None = None  # another [hosts] name, or ssh://user@host:port
-    sudo: bool = False
-    known_hosts: str | None = None
-    ssh_config: str | None = None
-    py_spy: str = DEFAULT_PY_SPY
-    journalctl: str = DEFAULT_JOURNALCTL
-    connect_timeout: float | None = None
-
-    @property
-    def is_local(self) -> bool:
-        return self.name == "local"
-
-    def to_dict(self) -> dict[str, Any]:
-        defaults = HostConfig(self.name, self.name)
-        return {k: v for k, v in asdict(self).items()
-                if k != "name" and v is not None and v != getattr(defaults, k)}
-
-
-@dataclass(frozen=True)
-class Host:
-    """Where an engine runs: this machine ("local") or an SSH target (a URL or a [hosts] table)."""
-
-    kind: str  # "local" or "ssh"
-    hostname: str = "localhost"
-    user: str | None = None
-    port: int = 22
-    name: str | None = None  # the [hosts] table it comes from, if any
-    config: HostConfig | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> Host:
-        if text == "local":
-            return cls("local")
-        match = _HOST_RE.match(text)
-        if not match:
-            raise ValueError(f"expected 'local' or 'ssh://[user@]host[:port]', got {text!r}")
-        return cls("ssh", match["host"].strip("[]"), match["user"], int(match["port"] or 22))
-
-    @classmethod
-    def from_config(cls, config: HostConfig) -> Host:
-        if config.is_local:
-            return cls("local", name="local", config=config)
-        return cls("ssh", config.address, config.user, config.port or 22, name=config.name, config=config)
-
-    @property
-    def ref(self) -> str:
-        """How an engine names this host in the file: ``local``, a [hosts] name or the URL."""
-        if self.kind == "local":
-            return "local"
-        return self.name or str(self)
-
-    def __str__(self) -> str:
-        if self.kind == "local":
-            return "local"
-        user = f"{self.user}@" if self.user else ""
-        hostname = f"[{self.hostname}]" if ":" in self.hostname else self.hostname
-        return f"ssh://{user}{hostname}:{self.port}"
-
-
 @dataclass(frozen=True)
 class LogSpec:
     """Where an engine's log is read: a systemd unit, a file, a command's output or a journal.
@@ -118,14 +43,30 @@ class LogSpec:
 
 @dataclass(frozen=True)
 class ProcessSelector:
-    """How to find an engine's process: title (setproctitle), a command-line substring, a pid file."""
+    """Which processes are an engine's: all the given criteria must hold.
+
+    ``title``: the process title starts with it (``sglang::scheduler`` matches the
+    ``sglang::scheduler_TP0`` sglang sets with setproctitle), or the kernel's 15-character
+    name equals it; ``cmdline``: a substring of the command line joined by spaces;
+    ``pid_file``: the pid written in this file on the host; ``pid``: exactly this pid (to
+    find a known process again; never in an inventory file). The inventory's ``process``
+    table and :func:`forensics.collectors.processes.find_processes` share this one class.
+    """
 
     title: str | None = None
     cmdline: str | None = None
     pid_file: str | None = None
+    pid: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.title or self.cmdline or self.pid_file or self.pid):
+            raise ValueError("ProcessSelector needs a title, a cmdline substring, a pid_file or a pid")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def describe(self) -> str:
+        return " ".join(f"{k}={v!r}" for k, v in asdict(self).items() if v is not None)
 
 
 @dataclass(frozen=True)
@@ -222,6 +163,14 @@ class Engine:
         return data
 
 
+def restart_argv(line: str) -> list[str]:
+    """An engine's ``restart`` line as an argument list; ``sudo`` gets ``-n`` (fail, never prompt)."""
+    argv = shlex.split(line)
+    if argv and argv[0] in ("sudo", "/usr/bin/sudo") and "-n" not in argv[1:2]:
+        argv = [argv[0], "-n", *argv[1:]]
+    return argv
+
+
 def default_name(role: str, n: int) -> str:
     return f"{role}-{n}"
 
@@ -281,8 +230,6 @@ class Inventory:
         One object per host for the life of this Inventory (an SSH connection is reused);
         ``close_hosts()`` closes them all.
         """
-        from .hosts import HostFactory
-
         if isinstance(engine, str):
             engine = self.engine_named(engine)
         with self._host_lock:

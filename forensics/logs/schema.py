@@ -7,8 +7,6 @@ docs/logs.md.
 
 from __future__ import annotations
 
-import pandas as pd
-
 # One row per signature event (thread deaths, transfer failures, aborts, timeouts, ...).
 EVENT_COLUMNS: dict[str, str] = {
     "ts": "datetime64[ns, UTC]",  # tz-aware; NaT when no time could be found or inferred
@@ -82,34 +80,3 @@ ACCESS_COLUMNS: dict[str, str] = {
 }
 
 RAW_LIMIT = 4000  # characters of raw text kept per event; the offset points at the rest
-
-
-def empty_frame(columns: dict[str, str]) -> pd.DataFrame:
-    return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in columns.items()})
-
-
-def conform(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
-    """Return ``frame`` with exactly ``columns`` (missing ones added empty) in their dtypes.
-
-    Raises ValueError naming the column when a value cannot take its documented dtype,
-    so a schema drift is caught where the frame is built, not in a notebook later.
-    """
-    out = {}
-    for name, dtype in columns.items():
-        if name not in frame.columns:
-            out[name] = pd.Series(index=frame.index, dtype=dtype)
-            continue
-        series = frame[name]
-        try:
-            if dtype.startswith("datetime64"):
-                series = pd.to_datetime(series, utc=True).astype(dtype)
-            else:
-                series = series.astype(dtype)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"column {name!r} cannot be {dtype}: {exc}") from exc
-        out[name] = series
-    extra = [c for c in frame.columns if c not in columns]
-    result = pd.DataFrame(out, index=frame.index)
-    for name in extra:
-        result[name] = frame[name]
-    return result.reset_index(drop=True)

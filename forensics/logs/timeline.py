@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from forensics.frames import conform, empty_frame
 from forensics.logs import catalogue, timestamps, timewindow
 from forensics.logs.lineformats import sniff
 from forensics.logs.scanner import SourceResult, SourceScanner
@@ -30,8 +31,6 @@ from forensics.logs.schema import (
     BATCH_FLOAT_FIELDS,
     BATCH_ID_COLUMNS,
     EVENT_COLUMNS,
-    conform,
-    empty_frame,
 )
 from forensics.logs.sources import LogSource, Problem, SourceError, as_sources, open_stream, read_chunks
 
@@ -377,7 +376,7 @@ def _concat(frames: list[pd.DataFrame], columns: dict[str, str]) -> pd.DataFrame
     frames = [f for f in frames if len(f)]
     if not frames:
         return empty_frame(columns)
-    return conform(pd.concat(frames, ignore_index=True), columns)
+    return conform(pd.concat(frames, ignore_index=True), columns, coerce=True)
 
 
 def _window(frame: pd.DataFrame, column: str, bounds: timewindow.Window) -> pd.DataFrame:
@@ -475,7 +474,7 @@ def _batches(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """One batch frame in the documented column order, without more copies than needed."""
     frames = [f for f in frames if len(f)]
     if not frames:
-        return conform(pd.DataFrame(), _batch_columns([]))
+        return conform(pd.DataFrame(), _batch_columns([]), coerce=True)
     if len(frames) == 1:
         frame = frames[0]
     else:

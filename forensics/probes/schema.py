@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from forensics import frames
+
 PROBES_SCHEMA: dict[str, str] = {
     "ts": "datetime64[ns, UTC]",  # when the probe was sent (pending rows: the tick that found it open)
     "probe_id": "Int64",  # the probe (pending rows: the open probe they waited on)
@@ -68,18 +70,12 @@ def int64_column(values: list[int | None]) -> pd.arrays.IntegerArray:
 
 
 def empty_frame() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series([], dtype=d) for c, d in PROBES_SCHEMA.items()})
+    return frames.empty_frame(PROBES_SCHEMA)
 
 
 def conform(frame: pd.DataFrame) -> pd.DataFrame:
-    """Check a frame against :data:`PROBES_SCHEMA` (column set, order and dtypes)."""
-    missing = [c for c in PROBES_SCHEMA if c not in frame.columns]
-    if missing:
-        raise ValueError(f"probes frame lacks columns {missing}")
-    frame = frame[list(PROBES_SCHEMA)]
-    for column, dtype in PROBES_SCHEMA.items():
-        if str(frame[column].dtype) != dtype:
-            raise TypeError(f"probes column {column!r} is {frame[column].dtype}, schema says {dtype}")
+    """Check a frame against :data:`PROBES_SCHEMA` (column set, order and dtypes) and its outcomes."""
+    frame = frames.conform(frame, PROBES_SCHEMA, name="probes frame")
     bad = set(frame["outcome"].dropna()) - set(OUTCOMES)
     if bad:
         raise ValueError(f"probes frame has unknown outcomes {sorted(bad)}")

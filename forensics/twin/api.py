@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forensics.exitcodes import EnvironmentProblem, UsageProblem
+from forensics.inventory.twin_table import DEFAULT_WAITING_TIMEOUT_S, TwinSettings
 from forensics.twin import inventory as inventory_mod
 from forensics.twin import processes
-from forensics.twin.settings import DEFAULT_WAITING_TIMEOUT_S, TwinSettings
+from forensics.twin.errors import TwinError
 
 INVENTORY_NAME = "inventory.toml"
 # A mixed-version twin: what the prefill's loop did with each decode frame, and how a transfer's end
@@ -132,10 +133,6 @@ class TwinStatus(dict):
                 f"{html.escape(self.headline())}</b><table style='border-collapse:collapse'><tr>{head}</tr>"
                 f"{''.join(rows)}</table><small>inventory: <code>{html.escape(str(self.get('inventory')))}</code>"
                 "</small></div>")
-
-
-class TwinError(EnvironmentProblem):
-    """The twin cannot be set up as asked; the message says what and why."""
 
 
 @dataclass

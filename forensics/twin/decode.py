@@ -45,6 +45,7 @@ import zmq
 from aiohttp import web
 
 from forensics import sglang_source
+from forensics.inventory.twin_table import TwinSettings
 from forensics.sandbox.managers import env_value, sglang_envs
 from forensics.sandbox.prefill import CountingSocket
 from forensics.twin import generate_answer, httpserver, wire
@@ -52,7 +53,6 @@ from forensics.twin import nixl_transfer as nx
 from forensics.twin.logformat import decode_batch_line
 from forensics.twin.metrics import TwinMetrics
 from forensics.twin.release_decode import ReleaseDecode
-from forensics.twin.settings import TwinSettings
 
 log = logging.getLogger("sglang.srt.managers.scheduler")
 decode_log = logging.getLogger("sglang.srt.disaggregation.decode")

@@ -22,10 +22,10 @@ from http import HTTPStatus
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
+from forensics.inventory.twin_table import TwinSettings
 from forensics.twin import endpoints, logformat
 from forensics.twin import inventory as inventory_mod
 from forensics.twin.metrics import TwinMetrics
-from forensics.twin.settings import TwinSettings
 
 log = logging.getLogger("sglang.srt.entrypoints.http_server")
 

@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from aiohttp import web
 
+from forensics.inventory.twin_table import TwinSettings
 from forensics.twin import httpserver, wire
 from forensics.twin import nixl_transfer as nx
 from forensics.twin.logformat import prefill_batch_line
 from forensics.twin.metrics import TwinMetrics
-from forensics.twin.settings import TwinSettings
 
 log = logging.getLogger("sglang.srt.managers.scheduler")
 prefill_log = logging.getLogger("sglang.srt.disaggregation.prefill")

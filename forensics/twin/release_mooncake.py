@@ -204,7 +204,7 @@ def check_mooncake_served(source) -> None:
     Served and run end to end here (KV intact): 0.5.1 to 0.5.23.
     """
     from forensics.sandbox.mooncake_engine import engine_import_problem, wrapper_problem
-    from forensics.twin.api import TwinError
+    from forensics.twin.errors import TwinError
 
     problem = wrapper_problem(source.root)
     if problem:

@@ -31,8 +31,8 @@ from urllib.parse import urlparse
 import aiohttp
 from aiohttp import web
 
+from forensics.inventory.twin_table import TwinSettings
 from forensics.twin import endpoints, httpserver, wire
-from forensics.twin.settings import TwinSettings
 
 log = logging.getLogger("sglang_router.mini_lb")
 REQUEST_TIMEOUT_S = 1800  # sglang_router's request_timeout_secs
