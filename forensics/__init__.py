@@ -41,7 +41,7 @@ _LAZY_SUBMODULES = {
 # Public functions, imported lazily from their modules on first access (``fx.diagnose(...)``).
 _LAZY_FUNCTIONS = {
     "collect": ("forensics.collection", "collect"),
-    "diagnose": ("forensics.diagnosis.entry", "diagnose"),
+    "diagnose": ("forensics.diagnosing", "diagnose"),
     "watch": ("forensics.watching", "watch"),
     "validate": ("forensics.validation", "validate"),
     "Investigation": ("forensics.report", "Investigation"),

@@ -21,7 +21,7 @@ def command(inventory, bundle, since, sample_s, as_json) -> None:
     Exit 0 HEALTHY, 1 WEDGED, DEGRADED or DOWN, 3 INCONCLUSIVE. WEDGED rests on at least
     two independent signals, never on a timeout alone.
     """
-    from forensics.diagnosis.entry import diagnose
+    from forensics.diagnosing import diagnose
     from forensics.exitcodes import UsageProblem
 
     if (inventory is None) == (bundle is None):

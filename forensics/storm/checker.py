@@ -1,6 +1,6 @@
 """The storm's checker: after each cycle, the live diagnosis (``fx.collect`` + ``fx.diagnose``).
 
-No second diagnosis here: a wedge is what :func:`forensics.diagnosis.entry.diagnose` says it
+No second diagnosis here: a wedge is what :func:`forensics.diagnosing.diagnose` says it
 is (liveness failing while health passes, confirmed by a second source). What the checker
 adds is the storm's own reading of the same evidence: which decode queue each session's
 abort hit (its rid in the decode's ``Decode handshake failed`` / ``Decode transfer failed

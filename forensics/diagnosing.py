@@ -1,14 +1,16 @@
-"""``fx.diagnose``: a verdict from evidence, a bundle folder, or a live inventory."""
+"""``fx.diagnose``: a verdict from evidence, a bundle folder, or a live inventory.
+
+A composition above both halves it joins: the bundle reader or the collection gives the
+Evidence, :func:`forensics.diagnosis.decide` the verdict. The diagnosis itself never collects.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from forensics.diagnosis import Verdict, decide
 from forensics.evidence import Evidence
 from forensics.exitcodes import UsageProblem
-
-from .rules import decide
-from .verdict import Verdict
 
 
 def diagnose(evidence: Evidence | None = None, *, inventory: Any = None, bundle: Any = None,
