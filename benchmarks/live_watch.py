@@ -19,21 +19,18 @@ Targets: WEDGED within 5 s in every trial; no WEDGED in the healthy run.
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import statistics
 import tempfile
 import threading
 import time
-import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pandas as pd
 
 from benchmarks._results import benchmark_parser, publish
+from forensics.twin import clients
 
 BENCHMARK = "watch: seconds from bootstrap-thread death to WEDGED (20 trials); no WEDGED in 2 min of healthy load"
 SECTION_START = "<!-- live-watch:start -->"
@@ -43,8 +40,7 @@ TWIN_SETTINGS = {"prefill_rate_tps": 400.0, "decode_rate_tps": 50.0, "decode_log
 
 
 def _state(url: str) -> dict:
-    with urllib.request.urlopen(url + "/server_info", timeout=30) as response:
-        return json.load(response)["internal_states"][0]["twin"]
+    return clients.twin_state(url, timeout=30)
 
 
 def _wait(predicate, timeout: float, what: str):
@@ -60,14 +56,9 @@ def _wait(predicate, timeout: float, what: str):
 
 def _kill_client_mid_transfer(twin) -> None:
     """A streaming client that dies while the decode waits for its KV (the incident's trigger)."""
-    url = urlparse(twin.router)
-    body = json.dumps({"input_ids": list(range(3000)), "sampling_params": {"max_new_tokens": 50},
-                       "stream": True}).encode()
-    sock = socket.create_connection((url.hostname, url.port), timeout=10)
-    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: twin\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    _wait(lambda: _state(twin.decode)["transfer_queue"] >= 1, 60, "the request in the decode's transfer queue")
-    sock.close()
+    detail = clients.kill_client_during_transfer_wait(twin, 3000, timeout=60)
+    if detail != clients.KILLED_AND_ABORTED:
+        raise RuntimeError(detail)
 
 
 def _foreign_frame(twin) -> None:

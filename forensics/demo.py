@@ -22,7 +22,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse
+
+from forensics.twin import clients
 
 Progress = Callable[[str], None]
 
@@ -116,13 +117,6 @@ def _get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def _twin_state(base_url: str) -> dict:
-    status, body = _get(base_url + "/server_info", timeout=5.0)
-    if status == 404:  # a release before 0.5.6 serves only the old name
-        status, body = _get(base_url + "/get_server_info", timeout=5.0)
-    return json.loads(body)["internal_states"][0]["twin"]
-
-
 def _wait_until(predicate, timeout: float, poll: float = 0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -162,7 +156,8 @@ def kill_client_during_transfer_wait(deployment, prompt_tokens: int = 20000, tim
                                      on_close=None) -> str:
     """Open a streaming request, wait until the decode waits for its KV, then drop the client.
 
-    A long prompt (20,000 tokens: about 4 s of prefill at the twin's default rate) keeps the
+    On the twin, :func:`forensics.twin.clients.kill_client_during_transfer_wait` with a long
+    prompt (20,000 tokens: about 4 s of prefill at the twin's default rate), which keeps the
     transfer pending long enough to catch it even on a loaded machine. On real sglang the decode's
     arrival counter says when the request is there (:func:`forensics.engine.state.kill_one_client`;
     the slow-prefill model's prefill of 3,000 tokens takes seconds).
@@ -171,24 +166,7 @@ def kill_client_during_transfer_wait(deployment, prompt_tokens: int = 20000, tim
         from forensics.engine import state
 
         return state.kill_one_client(deployment, on_close=on_close)
-    decode_before = _twin_state(deployment.decode)["counters"]["transfer_failed"]
-    url = urlparse(deployment.router)
-    body = json.dumps({"input_ids": list(range(prompt_tokens)), "sampling_params": {"max_new_tokens": 50},
-                       "stream": True}).encode()
-    sock = socket.create_connection((url.hostname, url.port), timeout=10)
-    try:
-        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: twin\r\nContent-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        if not _wait_until(lambda: _twin_state(deployment.decode)["transfer_queue"] >= 1, timeout):
-            return "the request never reached the decode transfer queue"
-    finally:
-        sock.close()  # the client is gone; the router closes its upstream requests
-        if on_close is not None:  # ``on_close()``: the moment the client is gone (a benchmark times from it)
-            on_close()
-    failed = _wait_until(
-        lambda: _twin_state(deployment.decode)["counters"]["transfer_failed"] > decode_before, timeout)
-    return "client killed while its KV was pending; the decode aborted the transfer" if failed else \
-        "client killed, but the decode never aborted the transfer"
+    return clients.kill_client_during_transfer_wait(deployment, prompt_tokens, timeout, on_close)
 
 
 KILL_ATTEMPTS = 3
@@ -207,7 +185,7 @@ def kill_until_the_prefill_takes_a_frame(deployment, attempts: int = KILL_ATTEMP
             from forensics.engine import state
 
             return state.prefill_frames(deployment)
-        return _twin_state(deployment.prefill)["frames_consumed"]
+        return clients.twin_state(deployment.prefill)["frames_consumed"]
 
     detail = ""
     for attempt in range(1, attempts + 1):
@@ -321,7 +299,7 @@ def _bootstrap_alive(deployment) -> bool | None:
         from forensics.engine import state
 
         return state.bootstrap_thread_alive(deployment)
-    return _twin_state(deployment.prefill)["bootstrap_thread_alive"]
+    return clients.twin_state(deployment.prefill)["bootstrap_thread_alive"]
 
 
 def _request_timeout(deployment) -> float:
@@ -506,7 +484,7 @@ def _patch(story: _Story, deployment, release: str) -> None:
     # their failures would pass for our kill's, so the proof is the prefill's own line: an
     # ABORT it received and handled. Kill again (as a storm would) until one arrives.
     if not is_real(deployment):  # the real deploy restarted the decode too (0.5.15): nothing stranded there
-        _wait_until(lambda: _twin_state(deployment.decode)["transfer_queue"] == 0, 60.0)
+        _wait_until(lambda: clients.twin_state(deployment.decode)["transfer_queue"] == 0, 60.0)
     handled_before, attempts, detail = _aborts_handled(deployment), 0, ""
     while attempts < KILL_ATTEMPTS and _aborts_handled(deployment) == handled_before:
         attempts += 1

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlparse
+
+from forensics.twin import clients
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
@@ -35,48 +35,16 @@ def status_code(url: str, timeout: float = 30.0) -> int:
         return response.status
 
 
-def twin_state(base_url: str) -> dict:
-    """The twin's own account from an engine's server info (``/get_server_info`` before 0.5.6)."""
-    try:
-        return get_json(base_url + "/server_info")["internal_states"][0]["twin"]
-    except urllib.error.HTTPError as exc:
-        if exc.code != 404:
-            raise
-        return get_json(base_url + "/get_server_info")["internal_states"][0]["twin"]
-
-
-def open_stream(router: str, prompt_tokens: int) -> socket.socket:
-    """POST a streaming /generate to the router over a raw socket and leave it open."""
-    url = urlparse(router)
-    body = json.dumps({"input_ids": list(range(prompt_tokens)), "sampling_params": {"max_new_tokens": 50},
-                       "stream": True}).encode()
-    sock = socket.create_connection((url.hostname, url.port), timeout=10)
-    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: twin\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    return sock
+twin_state = clients.twin_state
+open_stream = clients.open_stream
 
 
 def kill_client_during_transfer_wait(twin, prompt_tokens: int = 3000) -> None:
-    """A client that dies while its KV is still pending: the decode has sent the transfer info."""
-    before = twin_state(twin.decode)["counters"]["transfer_failed"]
-    sock = open_stream(twin.router, prompt_tokens)
-    wait_until(lambda: twin_state(twin.decode)["transfer_queue"] >= 1, 20, "the request in the decode transfer queue")
-    # The router answers the client only once both upstream responses are in hand; a client gone
-    # before that leaves them unclosed (router.forward's gather), so no AbortReq ever reaches the
-    # decode. Die once the stream is established, as a real client of a started stream does.
-    received = b""
-    while b"\r\n\r\n" not in received:
-        chunk = sock.recv(4096)
-        assert chunk, f"the router closed the stream before answering: {received!r}"
-        received += chunk
-    assert received.startswith(b"HTTP/1.1 200"), received
-    sock.close()  # the client is gone; the router closes its upstream requests
-    try:
-        wait_until(lambda: twin_state(twin.decode)["counters"]["transfer_failed"] > before, 20,
-                   "the decode to fail the aborted transfer")
-    except AssertionError as exc:  # say what each role did (pytest's tmp folders are recycled)
+    """A client that dies while its KV is still pending (:mod:`forensics.twin.clients`), asserted."""
+    detail = clients.kill_client_during_transfer_wait(twin, prompt_tokens, timeout=20)
+    if detail != clients.KILLED_AND_ABORTED:  # say what each role did (pytest's tmp folders are recycled)
         tails = {role: "\n".join(twin.log_text(role).splitlines()[-15:]) for role in ("router", "decode", "prefill")}
-        raise AssertionError(f"{exc}; decode state {twin_state(twin.decode)}; logs {tails}") from None
+        raise AssertionError(f"{detail}; decode state {twin_state(twin.decode)}; logs {tails}")
 
 
 def py_spy_dump(pid: int) -> str:
