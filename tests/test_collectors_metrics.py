@@ -11,6 +11,7 @@ import math
 import socket
 import threading
 import time
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -299,6 +300,20 @@ def test_renames_table_maps_old_names_to_current():
     assert mc.canonical_name("sglang:num_queue_reqs") == "sglang:num_queue_reqs"
     assert mc.canonical_name("sglang:num_prefill_prealloc_queue_reqs_created") == \
         "sglang:num_prefill_bootstrap_queue_reqs_created"
+
+
+def test_the_gateways_underscore_names_are_the_engines_families():
+    """sglang's model gateway re-exports a worker's page on /engine_metrics as ``sglang_NAME`` with a
+    worker label; read from real 0.5.15's prefill page so spelled, every series keeps its family."""
+    real = (Path(__file__).parent / "data" / "real-engine-0.5.15" / "prefill-metrics.txt").read_text()
+    gateway = real.replace("sglang:", "sglang_").replace('engine_type="', 'worker="http://10.0.0.7:30000",engine_type="')
+    assert "sglang:" not in gateway and "sglang_num_queue_reqs{" in gateway
+    engine = mc.parse_exposition(real.encode()).to_frame()
+    seen = mc.parse_exposition(gateway.encode()).to_frame()
+    assert len(seen) == len(engine)
+    assert seen["metric_canonical"].tolist() == engine["metric_canonical"].tolist()
+    assert "sglang:num_prefill_bootstrap_queue_reqs" in set(seen["metric_canonical"])
+    assert mc.canonical_name("sglang_num_prefill_prealloc_queue_reqs") == "sglang:num_prefill_bootstrap_queue_reqs"
 
 
 def test_twin_pages_before_and_after_renames_share_canonical_names():

@@ -33,8 +33,17 @@ def renames() -> dict[str, str]:
     return mapping
 
 
+# sglang's model gateway (smg) re-exports each worker's page on its /engine_metrics with the
+# colon of sglang's prefix turned into an underscore (``sglang_num_queue_reqs``): the same family.
+GATEWAY_PREFIX = "sglang_"
+ENGINE_PREFIX = "sglang:"
+
+
 def canonical_name(name: str) -> str:
-    """The current name of a sample name (a renamed family keeps its sample suffix)."""
+    """The current name of a sample name (a renamed family keeps its sample suffix; the gateway's
+    ``sglang_`` spelling is the engine's ``sglang:``)."""
+    if name.startswith(GATEWAY_PREFIX):
+        name = ENGINE_PREFIX + name[len(GATEWAY_PREFIX):]
     table = renames()
     if name in table:
         return table[name]
