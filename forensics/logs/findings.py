@@ -183,7 +183,8 @@ class LogAssessment:
 
 def assess(scan) -> LogAssessment:
     """Judge a ``LogScan``: the findings in its window and whether its evidence can be trusted."""
-    findings = [finding for cls in finding_classes() if (finding := _find(cls, scan)) is not None]
+    stops = _stop_events(scan.events)  # once: two classes (crashes_not_stops, server_stopped) read it
+    findings = [finding for cls in finding_classes() if (finding := _find(cls, scan, stops)) is not None]
     findings.sort(key=lambda f: (SEVERITIES.index(f.severity), _sort_time(f.first)))
     lines_read = scan.lines_total
     recognised = scan.lines_recognised
@@ -244,14 +245,13 @@ def _sort_time(stamp) -> pd.Timestamp:
     return pd.Timestamp.max.tz_localize("UTC") if stamp is None or pd.isna(stamp) else stamp
 
 
-def _find(cls: FindingClass, scan) -> Finding | None:
+def _find(cls: FindingClass, scan, stops: np.ndarray) -> Finding | None:
     if cls.derived == "bootstrap_queue_growth":
         return _bootstrap_queue_growth(cls, scan.batches)
     events = scan.events
     columns = [c for c in EVIDENCE_COLUMNS if c in events.columns]
     mask = events["signature"].isin(cls.signatures).to_numpy() if cls.signatures else np.zeros(len(events), bool)
     if cls.derived in ("crashes_not_stops", "server_stopped"):
-        stops = _stop_events(events)
         mask = mask & ~stops if cls.derived == "crashes_not_stops" else stops
     rows = events.loc[mask, columns]
     extra = None
