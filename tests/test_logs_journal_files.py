@@ -69,3 +69,29 @@ def test_a_file_that_is_not_a_journal_is_a_named_problem(tmp_path):
     assert not any("journalctl" in str(p) or "empty" in str(p) for p in scan.problems)
     assert any(p.line == 1 and str(fake) in str(p) and "no known format" in p.message for p in scan.problems)
     assert len(scan.events) == 0
+
+
+def _export_entry(us: int, message: str, unit: str = "mooncake-decode.service") -> str:
+    return (f"__REALTIME_TIMESTAMP={us}\n_HOSTNAME=pd-node-2\n_SYSTEMD_UNIT={unit}\nSYSLOG_IDENTIFIER=python3\n"
+            f"MESSAGE={message}\n\n")
+
+
+def test_glog_error_lines_in_a_journal_are_each_an_event_and_never_clean(tmp_path):
+    """Mooncake's transfer engine logs through glog: in journalctl's JSON a glog line's MESSAGE
+    starts with its level letter, which the prefilter must find on the raw record."""
+    start = 1_764_590_400_000_000
+    entries = [_export_entry(start + i * 1_000_000, f"[2025-12-01 12:00:{i:02d}] INFO:     127.0.0.1:5{i:04d} - "
+                             f'"GET /health HTTP/1.1" 200 OK') for i in range(20)]
+    entries += [_export_entry(start + 30_000_000 + i, f"E1201 12:00:30.{i:06d}  4242 rdma_transport.cpp:{300 + i}] "
+                              f"Failed to register memory {i}") for i in range(8)]
+    export = tmp_path / "mooncake.export"
+    export.write_text("".join(entries))
+    output = tmp_path / "decode.journal"
+    subprocess.run([str(JOURNAL_REMOTE), f"--output={output}", "--split-mode=none", str(export)],
+                   check=True, capture_output=True, timeout=120)
+    scan = fx.logs.scan(output)
+    assert scan.sources.iloc[0]["format"] == "json"
+    glog = scan.events[scan.events["signature"] == "glog_error"]
+    assert len(glog) == 8 and sorted(glog["line"].tolist()) == list(range(21, 29))
+    assert (glog["unit"] == "mooncake-decode.service").all()
+    assert scan.assess().word == "findings"  # an error-level class, never clean

@@ -58,6 +58,7 @@ TRACEBACK_LITERAL = b"Traceback (most recent call last):"
 UNKNOWN_SAMPLES = 20
 ROOM_LIMIT = 1 << 64  # rooms are unsigned 64-bit at most (the room column is UInt64)
 _JOURNAL_PREFIX = {"short-iso": JOURNAL_ISO.pattern, "short-precise": JOURNAL_PRECISE.pattern}
+JSON_MESSAGE_KEY = b'"MESSAGE"'  # a catalogue literal that starts so is matched on the raw JSON record
 _BULK_PREFIX = {"plain": b"[20", "short-iso": b"2"}  # what _bulk_known counts, for _fastscan.count_lines
 # How a message that starts with sglang's "[2025-..." prefix shows in each journal format.
 # (journalctl writes compact JSON; json.dumps-style output has a space after the colon.)
@@ -142,8 +143,10 @@ class SourceScanner(BatchLineScan, AccessLineScan):
         self.access_key_re = _ACCESS_KEY.get(fmt)
         literals = catalogue.literals() + (TRACEBACK_LITERAL,)
         if fmt == "json":
-            # The message is a JSON string there: look for each literal as JSON writes it.
-            literals = tuple(json.dumps(lit.decode())[1:-1].encode() for lit in literals)
+            # The message is a JSON string there: look for each literal as JSON writes it, except
+            # the ones that spell the record's own "MESSAGE" key (a message's first characters).
+            literals = tuple(lit if lit.startswith(JSON_MESSAGE_KEY) else json.dumps(lit.decode())[1:-1].encode()
+                             for lit in literals)
         # One pass over a chunk for all literals (Hyperscan where installed), not one per literal.
         self.prefilter = LiteralPrefilter(literals)
         self._literal_text = [literal.decode("utf-8", "replace") for literal in self.prefilter.literals]
