@@ -725,3 +725,38 @@ def test_patched_engine_entries_match_the_patched_source(tmp_path):
     # The patch's ABORT handler logs like sglang's own (0.5.16+), so abort_received reads it too.
     assert messages_for(catalogue.by_id()["abort_received"], tmp_path, [patched])
     assert not messages_for(catalogue.by_id()["abort_received"], tmp_path, [plain])
+
+
+@pytest.mark.parametrize("version", ["0.5.6", "0.5.15"])
+def test_the_most_specific_entry_wins_by_rule_not_by_file_order(version):
+    """Every message a release's disaggregation code can write (with every failure text the
+    catalogue's reasons accept): where several entries match it, the winner matches more of it
+    literally, or has the higher priority, never only the earlier place in the file; reversing
+    the file's order changes no answer."""
+    root = source(version).root
+    events = catalogue.event_signatures()
+    failures = tuple(sorted({f for entry in events for f in _failures(entry, root)}))
+    reversed_order = catalogue.ordered(reversed(events))
+    files = sorted(source(version).disaggregation.rglob("*.py"))
+    overlaps = 0
+    for message in sorted({m for path in files for m in renderings(path, failures)}):
+        matching = [s for s in events if s.match(message) is not None]
+        if len(matching) < 2:
+            continue
+        overlaps += 1
+        winner, *others = matching
+        tied = [s.id for s in others if (s.specificity, s.priority) == (winner.specificity, winner.priority)]
+        assert not tied, f"{message!r}: {winner.id} wins over {tied} only by file order"
+        assert next(s for s in reversed_order if s.match(message) is not None).id == winner.id
+    assert overlaps  # the decode's failure lines match the generic and the specific entries
+
+
+def test_a_bootstrap_server_out_of_reach_is_not_a_generic_transfer_failure():
+    line = ("Decode transfer failed for request rank=0 req.rid='r1' req.bootstrap_room=9223372036854775807 "
+            "with exception Could not fetch prefill parallel info from bootstrap_addr: 10.0.0.5:8998")
+    signature, fields = catalogue.classify(line)
+    assert signature.id == "decode_bootstrap_unreachable" and fields["room"] == "9223372036854775807"
+    assert "10.0.0.5:8998" in fields["reason"]
+    generic = line.replace("Could not fetch prefill parallel info from bootstrap_addr: 10.0.0.5:8998", "Broken pipe")
+    assert catalogue.classify(generic)[0].id == "decode_transfer_failed"
+    assert catalogue.literal_chars("a(?:bc)?d") == 2 and catalogue.literal_chars("x(?:ab|c)y") == 3

@@ -48,6 +48,13 @@ class Signature:
     # too common to prefilter on (glog's "] "): strings that start the line ("\n" first) or follow
     # a journal prefix (": "), e.g. glog's level letter and the first digit of the month.
     prefilter: tuple[str, ...] = ()
+    # Breaks a tie of specificity (higher first); what wins otherwise is the rule, not file order.
+    priority: int = 0
+
+    @property
+    def specificity(self) -> int:
+        """How many characters a matching line must hold literally: the pattern's and the reason's."""
+        return literal_chars(self.pattern) + (literal_chars(self.reason) if self.reason else 0)
 
     @property
     def regex(self) -> re.Pattern[str]:
@@ -85,13 +92,39 @@ def _compile(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
+@cache
+def literal_chars(pattern: str) -> int:
+    """The characters every match of ``pattern`` holds literally: its literals outside optional
+    parts (a repeat that may be absent), and the fewest a branch of an alternation holds."""
+    from re import _constants as c
+    from re import _parser as parser
+
+    def count(items) -> int:
+        total = 0
+        for op, value in items:
+            if op is c.LITERAL:
+                total += 1
+            elif op is c.SUBPATTERN:
+                total += count(value[-1])
+            elif op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+                low, _high, inner = value
+                total += low * count(inner) if low else 0
+            elif op is c.BRANCH:
+                total += min(count(branch) for branch in value[1])
+            elif op is c.ATOMIC_GROUP:
+                total += count(value)
+        return total
+
+    return count(parser.parse(pattern))
+
+
 class CatalogueError(ValueError):
     pass
 
 
 @lru_cache(maxsize=1)
 def signatures() -> tuple[Signature, ...]:
-    """Every signature, in matching order."""
+    """Every signature, in the catalogue file's order."""
     text = resources.files("forensics.logs").joinpath("signatures.toml").read_text(encoding="utf-8")
     return load(text)
 
@@ -180,8 +213,20 @@ def by_id() -> dict[str, Signature]:
 
 @lru_cache(maxsize=1)
 def event_signatures() -> tuple[Signature, ...]:
-    """The signatures that become one event per line (everything but the aggregated ones)."""
-    return tuple(s for s in signatures() if not s.aggregate)
+    """The signatures that become one event per line (everything but the aggregated ones), in
+    matching order: the most specific first (:attr:`Signature.specificity`), then the higher
+    ``priority``, then the file's order. A line two entries match is the more specific one's
+    ("Decode transfer failed ... with exception Could not fetch prefill parallel info from ..."
+    is the bootstrap server unreachable, not a generic transfer failure)."""
+    return ordered([s for s in signatures() if not s.aggregate])
+
+
+def ordered(entries) -> tuple[Signature, ...]:
+    """``entries`` in matching order: specificity, then priority, both highest first; the given
+    order decides only between entries no line matches both of (a test holds that)."""
+    entries = list(entries)
+    position = {s.id: i for i, s in enumerate(entries)}
+    return tuple(sorted(entries, key=lambda s: (-s.specificity, -s.priority, position[s.id])))
 
 
 def aggregate_signatures() -> tuple[Signature, ...]:
@@ -194,7 +239,7 @@ def literals() -> tuple[bytes, ...]:
 
 
 def classify(message: str) -> tuple[Signature, dict[str, str | None]] | None:
-    """The first event signature that ``message`` matches, with its captured fields."""
+    """The most specific event signature ``message`` matches (:func:`event_signatures`' order), with its fields."""
     for signature in event_signatures():
         fields = signature.match(message)
         if fields is not None:
