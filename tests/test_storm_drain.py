@@ -40,12 +40,16 @@ def test_the_cap_is_the_recorded_waiting_timeout_else_sglangs_default():
     assert drain.cap_for(_inventory("http://127.0.0.1:9", "http://127.0.0.1:9")) == drain.DEFAULT_CAP_S
 
 
-def test_the_checks_health_deadlines_follow_the_slowest_healthy_answer_and_never_go_below_the_default():
+def test_the_checks_probe_deadlines_follow_the_slowest_healthy_answer_and_never_go_below_the_default():
     from forensics.probes import DEFAULT_DEADLINES_S
 
     slow = drain.Drain(seconds=3.0, healthy=True, waiting_for=(), health_s=2.03)
-    assert slow.probe_deadlines(None) == {"health": 6.1, "health_generate": 6.1}
+    assert slow.probe_deadlines(None) == {"health": 6.1, "health_generate": 6.1, "liveness": 6.1}
     assert slow.probe_deadlines({"liveness": 30.0, "health": 1.0}) == {"liveness": 30.0, "health": 1.0,
                                                                        "health_generate": 6.1}
-    fast = drain.Drain(seconds=0.01, healthy=True, waiting_for=(), health_s=0.004)  # the twin
-    assert fast.probe_deadlines(None) == {k: DEFAULT_DEADLINES_S[k] for k in ("health", "health_generate")}
+    # real 0.5.13 patched right after a storm: the slowest /health took 8.04 s (liveness at 5 s read it as DEGRADED)
+    busy = drain.Drain(seconds=9.0, healthy=True, waiting_for=(), health_s=8.042)
+    assert busy.probe_deadlines(None)["liveness"] == 24.1
+    assert drain.Drain(9.0, True, (), health_s=60.0).probe_deadlines(None)["liveness"] == drain.MAX_HEALTH_DEADLINE_S
+    fast = drain.Drain(seconds=0.01, healthy=True, waiting_for=(), health_s=0.004)  # the twin, and a wedged prefill
+    assert fast.probe_deadlines(None) == {k: DEFAULT_DEADLINES_S[k] for k in ("health", "health_generate", "liveness")}

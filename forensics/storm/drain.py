@@ -11,7 +11,7 @@ So the storm waits, by observation and not by a timer, until each prefill and de
 generation), at most ``cap_s``. This cannot hide the wedge: a wedged 0.5.15 prefill's
 ``/health`` stays 200 (that is the incident), so the check comes at once and finds it. After the
 cap, the check runs anyway and reports what it sees. On the twin ``/health`` answers at once.
-How long the 200s took sets the check's health deadlines (:meth:`Drain.probe_deadlines`).
+How long the 200s took sets the check's probe deadlines (:meth:`Drain.probe_deadlines`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ HEALTH_TIMEOUT_S = 30.0  # one /health; sglang's own health check gives up after
 POLL_S = 1.0
 
 
-HEALTH_MARGIN = 3.0  # the check's health deadlines: this many times the slowest 200 seen here
+HEALTH_MARGIN = 3.0  # the check's probe deadlines: this many times the slowest 200 seen here
 MAX_HEALTH_DEADLINE_S = 30.0
 
 
@@ -38,16 +38,22 @@ class Drain:
     health_s: float = 0.0  # the slowest of the servers' 200 answers: how fast this deployment answers now
 
     def probe_deadlines(self, given: dict | None) -> dict[str, float]:
-        """The check's probe deadlines: the ones ``given``, else for ``health`` and ``health_generate``
-        the probes' defaults raised to ``HEALTH_MARGIN`` times the slowest healthy answer seen here.
+        """The check's probe deadlines: the ones ``given``, else for each probe kind its default
+        raised to ``HEALTH_MARGIN`` times the slowest healthy ``/health`` seen here.
 
-        A real engine on a loaded 2-core machine answers a patched, idle ``/health`` in 2 s where
-        the twin answers in milliseconds; the 2 s default then reads it as DEGRADED. Only health
-        deadlines move: a wedge is liveness failing while health passes, and liveness keeps its own."""
+        A real engine on a loaded 2-core machine answers a patched, idle ``/health`` in 2 s (8 s
+        right after a storm on real 0.5.13) where the twin answers in milliseconds; the 2 s and
+        5 s defaults then read a slow, serving engine as DEGRADED, and a validation of the fix as
+        INCONCLUSIVE. Liveness moves with them: sglang's ``/health`` runs a generation on the
+        server, as a liveness request does through the pair, so how fast the servers answer it
+        now says how long a completed request may take. This cannot hide a wedge: a wedged
+        prefill's ``/health`` stays fast (its scheduler is fine; only the bootstrap thread is
+        dead), so liveness keeps a short deadline there, and a wedged request never answers at
+        any deadline."""
         from forensics.probes import DEFAULT_DEADLINES_S
 
         deadlines = dict(given or {})
-        for kind in ("health", "health_generate"):
+        for kind in ("health", "health_generate", "liveness"):
             if kind not in deadlines:
                 deadlines[kind] = max(DEFAULT_DEADLINES_S[kind],
                                       min(MAX_HEALTH_DEADLINE_S, round(HEALTH_MARGIN * self.health_s, 1)))
