@@ -44,6 +44,9 @@ PLAIN_REQUEST: dict[str, bool] = {
     "hasattr(recv_obj, 'cached_tokens_details')": True,
     "recv_obj.cached_tokens_details": True,
     "customized_info is not None": False,
+    # 0.5.13 and 0.5.13.post1: the scheduler's load piggy-backed on the batch output; real 0.5.13's
+    # PD decode answered without it (its warmup answer, tests/data/real-engine-0.5.13/decode-startup.log)
+    "load is not None": False,
     "recv_obj.customized_info is not None": False,
     "isinstance(state.obj, GenerateReqInput)": True,
     "state.obj.return_sampling_mask": False,
