@@ -58,6 +58,27 @@ def test_a_warning_glued_to_the_progress_bar_at_a_restart_is_recognised():
     assert [f.id for f in judged.findings] == ["server_stopped"] and judged.word == "warnings", judged.to_dict()
 
 
+@pytest.mark.parametrize("name", ["prefill-startup.log", "decode-startup.log"])
+def test_a_traceback_real_0513_logs_inside_a_message_is_one_error_event(name):
+    """Real 0.5.13 at start-up logs "Can not initialize OpenAIServingResponses, error: Traceback (most
+    recent call last):" and the frames on the lines after (its environment has no openai_harmony):
+    one python_traceback event named by its exception, its frames known lines, never clean."""
+    path = DATA.parent / "real-engine-0.5.13" / name
+    text = path.read_text()
+    assert "OpenAIServingResponses, error: Traceback (most recent call last):" in text
+    scan = logs.scan([str(path)], role=name.split("-")[0])
+    assert int(scan.sources["lines_unknown"].sum()) == 0, scan.unknown_samples
+    [traceback] = scan.events[scan.events["signature"] == "python_traceback"].to_dict(orient="records")
+    assert traceback["message"] == "ModuleNotFoundError: No module named 'openai_harmony'"
+    lines = path.read_bytes().split(b"\n")  # bytes: read_text would turn tqdm's carriage returns into newlines
+    assert traceback["line"] == 1 + next(i for i, line in enumerate(lines)
+                                         if line.endswith(b"Traceback (most recent call last):"))
+    assert traceback["frame_file"].endswith("serving_responses.py")
+    judged = assess(scan)
+    assert judged.word == "findings" and [f.id for f in judged.findings] == ["errors_logged"], judged.to_dict()
+    assert "server_ready" in set(scan.events["signature"])
+
+
 def test_every_line_the_real_mini_load_balancer_wrote_is_recognised_and_its_errors_are_events(tmp_path):
     """Bare logger messages ("[MiniLB] ..."), plain uvicorn start-up lines with no time, a
     FastAPIDeprecationWarning and asyncio's "Unclosed connection" report: all in a known format.

@@ -54,7 +54,8 @@ try:  # the compiled fast path (forensics/logs/_fastscan.c); optional, built whe
 except ImportError:  # pragma: no cover - depends on the install
     _fastscan = None
 
-TRACEBACK_LITERAL = b"Traceback (most recent call last):"
+TRACEBACK_HEADER = "Traceback (most recent call last):"
+TRACEBACK_LITERAL = TRACEBACK_HEADER.encode()
 UNKNOWN_SAMPLES = 20
 ROOM_LIMIT = 1 << 64  # rooms are unsigned 64-bit at most (the room column is UInt64)
 _JOURNAL_PREFIX = {"short-iso": JOURNAL_ISO.pattern, "short-precise": JOURNAL_PRECISE.pattern}
@@ -316,14 +317,28 @@ class SourceScanner(BatchLineScan, AccessLineScan):
                         self.pending_grace = 3
                     return True
         matched = catalogue.classify(text)
+        embedded = kind != "traceback" and text.rstrip().endswith(TRACEBACK_HEADER)
         if matched is None or matched[0].id == "thread_death":
+            if embedded:  # "... error: Traceback (most recent call last):": the frames follow
+                self._start_embedded_block(None, line_no, offset, time, split)
             return False
         signature, fields = matched
         ranks = parse_ranks(prefix.group(2)) if prefix else (None, None, None)
         event = self._event(signature, fields, text, line, line_no, offset, split, time, ranks)
         if time[1] is None:
             self._infer_time_later(event, data, position)
+        if embedded:
+            self._start_embedded_block(event, line_no, offset, time, split)
         return False
+
+    def _start_embedded_block(self, owner, line_no: int, offset: int, time, split) -> None:
+        """A traceback sglang logs inside a message (``logger.error(f"... error: {format_exc()}")``):
+        real 0.5.13 writes "Can not initialize OpenAIServingResponses, error: Traceback (most recent
+        call last):" and the frames on the lines after. The block belongs to that line's event, or
+        is its own python_traceback event when the message is not catalogued: never unknown lines."""
+        self.blocks.start(Block(thread=None, target=None, first_line=line_no, first_offset=offset, first_ts=time,
+                                owner=owner, host=split.host if split is not None else None,
+                                unit=split.unit if split is not None else None))
 
     def _prepare_rare(self, data: bytes, starts: list[int], hits: dict[int, set[int]]) -> list | None:
         """The rare lines at ``starts`` that carry sglang's prefix, taken apart and classified in bulk.
