@@ -179,10 +179,10 @@ def test_help_is_not_an_error():
 @pytest.mark.parametrize("text", ["-1s", "+1s", "-0.5m", "- 2h"])
 def test_a_signed_duration_is_a_usage_problem(text, tmp_path):
     from forensics.exitcodes import UsageProblem
+    from forensics.inventory.twin_table import TwinSettings
     from forensics.logs.timewindow import parse_duration
     from forensics.storm.runner import make_plan
     from forensics.twin.api import build_inventory
-    from forensics.inventory.twin_table import TwinSettings
 
     with pytest.raises(UsageProblem, match="--kill-after .*a duration has no sign"):
         parse_duration(text, "--kill-after")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from forensics import sglang_source
 from forensics.twin import wire
 from forensics.twin.generate_answer import AnswerKeys, answer_keys

@@ -9,8 +9,8 @@ import sys
 import pytest
 import tomli_w
 
-from forensics.twin import api, inventory
 from forensics.inventory.twin_table import TwinSettings
+from forensics.twin import api, inventory
 
 FORENSICS = [sys.executable, "-m", "forensics"]
 
@@ -110,8 +110,8 @@ def test_the_restart_line_quotes_its_paths(tmp_path, name):
     import shlex
     import sys
 
-    from forensics.twin.api import build_inventory
     from forensics.inventory.twin_table import TwinSettings
+    from forensics.twin.api import build_inventory
 
     directory = tmp_path / name
     inventory_path = directory / "inventory.toml"

@@ -25,8 +25,8 @@ import pytest
 from twin_helpers import py_spy_dump, wait_until
 
 import forensics.twin as twin_api
-from forensics.twin import api, httpserver, inventory, processes
 from forensics.inventory.twin_table import TwinSettings
+from forensics.twin import api, httpserver, inventory, processes
 
 pytestmark = [pytest.mark.server]
 FORENSICS = [sys.executable, "-m", "forensics"]
