@@ -73,7 +73,7 @@ def _collect(engine, host: str) -> list[PlannedCommand]:
     if chosen is not None:
         selector = ProcessSelector(title=chosen.title, cmdline=chosen.cmdline, pid_file=chosen.pid_file)
         out.append(PlannedCommand("collect", engine.name, host,
-                                  ("python3", "-c", PROCESS_SCRIPT, selector._hex()),
+                                  ("python3", "-c", PROCESS_SCRIPT, selector.script_argument()),
                                   "find the engine's processes (/proc: pid, start time, title, command line; "
                                   "never through sudo)"))
     if engine.role in ("prefill", "decode"):
@@ -144,7 +144,7 @@ def _deploy(engine, host: str, phase: str) -> list[PlannedCommand]:
         from forensics.collectors.processes import ProcessSelector
 
         selector = ProcessSelector(title=chosen.title, cmdline=chosen.cmdline, pid_file=chosen.pid_file)
-        out.append(PlannedCommand(phase, engine.name, host, (python, "-c", PROCESS_SCRIPT, selector._hex()),
+        out.append(PlannedCommand(phase, engine.name, host, (python, "-c", PROCESS_SCRIPT, selector.script_argument()),
                                   "the engine's processes' start times: each must have started after the file "
                                   "changed, or the engine still runs the old file (never through sudo)"))
     return out

@@ -72,7 +72,7 @@ def _after_restart() -> list[list[str]]:
     from forensics.collectors.processes import ProcessSelector
 
     selector = ProcessSelector(title="sglang::scheduler", cmdline="--disaggregation-mode prefill")
-    return [[PY, "-c", LOCATE_SCRIPT, SITE], [PY, "-c", PROCESS_SCRIPT, selector._hex()]]
+    return [[PY, "-c", LOCATE_SCRIPT, SITE], [PY, "-c", PROCESS_SCRIPT, selector.script_argument()]]
 
 
 def test_deploy_touches_only_the_prefill_with_its_interpreter_and_systemctl():

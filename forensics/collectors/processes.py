@@ -298,7 +298,7 @@ def find_processes(
     """
     target = target or host.name
     scan = ProcessScan(host.name, selector)
-    result = host.run([python, "-c", LOOKUP_SCRIPT, json.dumps(asdict(selector)).encode().hex()], timeout=timeout, sudo=sudo, max_bytes=MAX_BYTES)
+    result = host.run([python, "-c", LOOKUP_SCRIPT, selector.script_argument()], timeout=timeout, sudo=sudo, max_bytes=MAX_BYTES)
     record = command_record(result)
     record["argv"][2] = f"<process lookup script, {len(LOOKUP_SCRIPT)} characters>"
     scan.commands.append(record)

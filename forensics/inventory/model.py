@@ -6,6 +6,7 @@ key, ``to_dict`` turns them back into the same TOML (``forensics.inventory.dump`
 
 from __future__ import annotations
 
+import json
 import shlex
 import threading
 from dataclasses import asdict, dataclass, field, replace
@@ -67,6 +68,11 @@ class ProcessSelector:
 
     def describe(self) -> str:
         return " ".join(f"{k}={v!r}" for k, v in asdict(self).items() if v is not None)
+
+    def script_argument(self) -> str:
+        """The selector as the one argument the process lookup script reads on the host: its
+        fields as JSON, hex-encoded, so no shell or quoting on the way can change it."""
+        return json.dumps(asdict(self)).encode().hex()
 
 
 @dataclass(frozen=True)
