@@ -21,14 +21,17 @@ KILLED_AND_ABORTED = "client killed while its KV was pending; the decode aborted
 
 def twin_state(base_url: str, timeout: float = 5.0) -> dict:
     """The twin's own account from an engine's server info (``/get_server_info`` before 0.5.6)."""
-    for path in ("/server_info", "/get_server_info"):
-        try:
-            with urllib.request.urlopen(base_url.rstrip("/") + path, timeout=timeout) as response:
-                return json.loads(response.read())["internal_states"][0]["twin"]
-        except urllib.error.HTTPError as exc:
-            if exc.code != 404 or path == "/get_server_info":
-                raise
-    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+    try:
+        return _twin_account(base_url.rstrip("/") + "/server_info", timeout)
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise
+    return _twin_account(base_url.rstrip("/") + "/get_server_info", timeout)
+
+
+def _twin_account(url: str, timeout: float) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())["internal_states"][0]["twin"]
 
 
 def open_stream(router: str, prompt_tokens: int, max_new_tokens: int = 50) -> socket.socket:
