@@ -230,3 +230,13 @@ def test_throughput_benchmark_measures_both_corpora(tmp_path):
         assert corpus["cli_exit"] == 1 and corpus["cli_status"] == "findings"
     section = logs_throughput.render(figures)
     assert "| storm, " in section and "| steady, " in section and "forensics logs --json" in section
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_real_0513_validate_logs_give_the_same_scan_on_both_paths(role):
+    """Real 0.5.13 through a validate cycle: a traceback opened inside a prefixed message line,
+    then storms of abort lines. The bulk path hands the opening line to the line-by-line path."""
+    path = os.path.join(os.path.dirname(__file__), "data", "real-engine-0.5.13", f"{role}-validate-patched.log")
+    scan = assert_same([path], bulk_lines=8, role=role)
+    assert int(scan.sources["lines_unknown"].sum()) == 0, scan.unknown_samples
+    assert "python_traceback" in set(scan.events["signature"])

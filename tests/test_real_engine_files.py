@@ -58,11 +58,14 @@ def test_a_warning_glued_to_the_progress_bar_at_a_restart_is_recognised():
     assert [f.id for f in judged.findings] == ["server_stopped"] and judged.word == "warnings", judged.to_dict()
 
 
-@pytest.mark.parametrize("name", ["prefill-startup.log", "decode-startup.log"])
+@pytest.mark.parametrize("name", ["prefill-startup.log", "decode-startup.log",
+                                  "prefill-validate-patched.log", "decode-validate-patched.log"])
 def test_a_traceback_real_0513_logs_inside_a_message_is_one_error_event(name):
     """Real 0.5.13 at start-up logs "Can not initialize OpenAIServingResponses, error: Traceback (most
     recent call last):" and the frames on the lines after (its environment has no openai_harmony):
-    one python_traceback event named by its exception, its frames known lines, never clean."""
+    one python_traceback event named by its exception, its frames known lines, never clean. The
+    validate logs hold enough rare lines for the bulk classification of a chunk, which once let
+    the header line through as a plain message and read its frames as unknown."""
     path = DATA.parent / "real-engine-0.5.13" / name
     text = path.read_text()
     assert "OpenAIServingResponses, error: Traceback (most recent call last):" in text
@@ -75,7 +78,8 @@ def test_a_traceback_real_0513_logs_inside_a_message_is_one_error_event(name):
                                          if line.endswith(b"Traceback (most recent call last):"))
     assert traceback["frame_file"].endswith("serving_responses.py")
     judged = assess(scan)
-    assert judged.word == "findings" and [f.id for f in judged.findings] == ["errors_logged"], judged.to_dict()
+    expected = ["errors_logged"] + (["aborted_requests"] if "validate" in name else [])  # the cycle's storm
+    assert judged.word == "findings" and [f.id for f in judged.findings] == expected, judged.to_dict()
     assert "server_ready" in set(scan.events["signature"])
 
 

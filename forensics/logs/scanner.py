@@ -344,7 +344,8 @@ class SourceScanner(BatchLineScan, AccessLineScan):
         """The rare lines at ``starts`` that carry sglang's prefix, taken apart and classified in bulk.
 
         One item per start: None where the line needs the full path (no sglang prefix:
-        traceback lines, uvicorn lines; or a line out of format), else
+        traceback lines, uvicorn lines; a message that opens a traceback; or a line out
+        of format), else
         ``(host, unit, time, ranks, text, raw, matched)``, the very values ``_slow_line``
         would compute for it one by one. ``hits`` (from the prefilter) names the literals
         each line holds, so only those signatures are tried. Returns None when the whole
@@ -385,6 +386,8 @@ class SourceScanner(BatchLineScan, AccessLineScan):
         ts_kind = TS_KIND.get(self.fmt)
         prepared: list = [None] * len(lines)
         for i, text, raw, matched in zip(picked, texts, raws, matches):
+            if text.rstrip().endswith(TRACEBACK_HEADER):
+                continue  # a traceback opens inside the message: _slow_line starts its block
             journal_ts, host, unit, sglang_ts, ranks, _ = parts[i]
             if journal_ts:
                 host_name = names.get(host)
