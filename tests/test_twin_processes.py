@@ -26,6 +26,7 @@ from twin_helpers import py_spy_dump, wait_until
 
 import forensics.twin as twin_api
 from forensics.inventory.twin_table import TwinSettings
+from forensics.process_start import start_ticks
 from forensics.twin import api, httpserver, inventory, processes
 
 pytestmark = [pytest.mark.server]
@@ -83,6 +84,7 @@ def test_down_does_not_signal_what_a_stale_pid_file_names(tmp_path):
         processes.pid_file(tmp_path, "prefill").write_text(f"{reused.pid}\n")
         processes.identity_file(tmp_path, "prefill").write_text(json.dumps({
             "pid": reused.pid, "create_time": psutil.Process(reused.pid).create_time() - 100,
+            "start_ticks": start_ticks(reused.pid) - 100,
             "cmdline": ["sleep", "301"], "title": "sglang::scheduler"}))
         assert processes.state(tmp_path, "router") == "stale" and processes.state(tmp_path, "prefill") == "stale"
         down = _cli("twin", "down", "--inventory", str(inventory_path), "--json", timeout=60)
@@ -122,6 +124,7 @@ def test_down_with_a_stale_router_record_stops_the_real_router(tmp_path, stalene
         identity = json.loads(record.read_text())
         if staleness == "start time":
             identity["create_time"] -= 100
+            identity["start_ticks"] -= 100
         else:  # the record and pid file name another live process, as after a reboot's pid reuse
             identity["pid"] = stranger.pid
             processes.pid_file(twin.directory, "router").write_text(f"{stranger.pid}\n")

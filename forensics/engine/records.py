@@ -4,7 +4,8 @@ Per role, in the deployment directory (the same names as the twin's):
 
 * ``<role>.pid``: the role's leader, the process ``launch_server`` (or ``launch_router``) runs in;
   its pid is also its session's and process group's id;
-* ``<role>.proc.json``: the leader's pid, start time (psutil ``create_time``) and command line,
+* ``<role>.proc.json``: the leader's pid, start time (clock ticks since boot, see
+  ``forensics.process_start``; psutil's ``create_time`` beside it) and command line,
   and every member seen once the role was ready (scheduler, detokenizer, ...) with its own pid,
   start time and title;
 * ``<role>.scheduler.pid`` (prefill and decode): the scheduler's pid, which the inventory's
@@ -26,7 +27,8 @@ from pathlib import Path
 
 import psutil
 
-CREATE_TIME_SLACK_S = 0.05
+from forensics.process_start import same_start, start_ticks
+
 SCHEDULER_TITLE = "sglang::scheduler"
 # The title a leader gives itself once running (setproctitle replaces its command line):
 # sglang-router's launch_router calls itself "sglang::router"; launch_server keeps its command line.
@@ -56,7 +58,8 @@ def _write(path: Path, text: str) -> None:
 
 
 def write_leader(directory: Path, role: str, pid: int, create_time: float, argv: list[str]) -> None:
-    record = {"role": role, "pid": pid, "create_time": create_time, "cmdline": list(argv),
+    record = {"role": role, "pid": pid, "create_time": create_time, "start_ticks": start_ticks(pid),
+              "cmdline": list(argv),
               "title": LEADER_TITLES.get(role), "launcher_pid": os.getpid(), "members": []}
     _write(record_file(directory, role), json.dumps(record) + "\n")
     _write(pid_file(directory, role), f"{pid}\n")
@@ -70,10 +73,9 @@ def read_record(directory: Path, role: str) -> dict | None:
     return data if isinstance(data, dict) and isinstance(data.get("pid"), int) else None
 
 
-def _same(proc: psutil.Process, create_time) -> bool:
+def _same(proc: psutil.Process, identity: dict) -> bool:
     try:
-        return (create_time is not None and abs(proc.create_time() - float(create_time)) <= CREATE_TIME_SLACK_S
-                and proc.status() != psutil.STATUS_ZOMBIE)
+        return same_start(proc, identity) and proc.status() != psutil.STATUS_ZOMBIE
     except (psutil.Error, TypeError, ValueError):
         return False
 
@@ -86,7 +88,7 @@ def leader(directory: Path, role: str) -> psutil.Process | None:
         return None
     try:
         proc = psutil.Process(record["pid"])
-        if not _same(proc, record.get("create_time")):
+        if not _same(proc, record):
             return None
         cmdline = proc.cmdline()
     except psutil.Error:
@@ -112,7 +114,8 @@ def remember_members(directory: Path, role: str) -> list[dict]:
     for proc in descendants:
         try:
             title = " ".join(part for part in proc.cmdline() if part).strip()
-            known[proc.pid] = {"pid": proc.pid, "create_time": proc.create_time(), "title": title}
+            known[proc.pid] = {"pid": proc.pid, "create_time": proc.create_time(),
+                               "start_ticks": start_ticks(proc.pid), "title": title}
         except psutil.Error:
             continue
     record["members"] = sorted(known.values(), key=lambda m: m["pid"])
@@ -132,7 +135,7 @@ def scheduler(directory: Path, role: str) -> psutil.Process | None:
                 proc = psutil.Process(member["pid"])
             except psutil.Error:
                 return None
-            return proc if _same(proc, member.get("create_time")) else None
+            return proc if _same(proc, member) else None
     return None
 
 
@@ -150,7 +153,7 @@ def processes(directory: Path, role: str) -> list[psutil.Process]:
             proc = psutil.Process(member["pid"])
         except (psutil.Error, KeyError, TypeError):
             continue
-        if _same(proc, member.get("create_time")):
+        if _same(proc, member):
             found[proc.pid] = proc
     group = record["pid"]
     proved = any(_in_group(proc, group) for proc in found.values())

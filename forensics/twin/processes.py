@@ -9,7 +9,7 @@ reported with the tail of its log.
 Three rules keep the twin from touching what it does not own or leaving things behind:
 
 * **Identity.** Beside ``<role>.pid`` the launcher writes ``<role>.proc.json``: the pid,
-  its start time (psutil ``create_time``), its command line and the process title the
+  its start (clock ticks since boot, ``forensics.process_start``), its command line and the title the
   role sets. Nothing is signalled unless a live process matches both the start time and
   the command line (or title); a pid file that names anything else is *stale* and is
   removed without a signal.
@@ -47,6 +47,7 @@ from pathlib import Path
 import psutil
 
 from forensics.exitcodes import EnvironmentProblem
+from forensics.process_start import same_start, start_ticks
 from forensics.sandbox.loopback import UCX_LOOPBACK
 
 ROLE_ORDER = ("prefill", "decode", "router")
@@ -57,7 +58,6 @@ LISTEN_FDS_ENV = "FORENSICS_TWIN_LISTEN_FDS"
 FAULT_ENV = "FORENSICS_TWIN_FAULT"
 FAULT_STEPS = ("after-prefill-started", "after-all-started", "after-prefill-ready", "before-handover")
 HANDOVER = b"H"
-_CREATE_TIME_SLACK_S = 0.05
 PORT_RELEASE_S = 10.0  # after a stopped role is gone, how long its ports may take to close
 
 
@@ -160,7 +160,8 @@ def record(directory: Path, role: str, proc: subprocess.Popen, argv: list[str]) 
         create_time = psutil.Process(proc.pid).create_time()
     except psutil.Error:
         create_time = None
-    identity = {"pid": proc.pid, "create_time": create_time, "cmdline": argv, "title": ROLE_TITLES[role],
+    identity = {"pid": proc.pid, "create_time": create_time, "start_ticks": start_ticks(proc.pid),
+                "cmdline": argv, "title": ROLE_TITLES[role],
                 "role": role, "launcher_pid": os.getpid()}
     path = identity_file(directory, role)
     tmp = path.with_suffix(".tmp")
@@ -192,7 +193,7 @@ def ours(directory: Path, role: str) -> psutil.Process | None:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return None
-        if abs(proc.create_time() - float(identity["create_time"])) > _CREATE_TIME_SLACK_S:
+        if not same_start(proc, identity):
             return None
         cmdline = proc.cmdline()
     except (psutil.Error, TypeError, ValueError):
