@@ -73,3 +73,26 @@ def test_the_twin_and_the_engine_still_know_their_process_after_the_clock_moved(
     stale["start_ticks"] += 1  # a reused pid: same number, another start
     records.record_file(engine, "decode").write_text(json.dumps(stale))
     assert records.leader(engine, "decode") is None and records.processes(engine, "decode") == []
+
+
+def test_a_process_running_from_a_deployment_clone_keeps_the_clone(tmp_path, monkeypatch):
+    """What 'down' checks before it removes a real-engine clone: a program under the clone, running,
+    even when no record proves it ours (it was never signalled), keeps the clone on disk."""
+    from forensics.engine import clone
+
+    monkeypatch.setenv("PD_FORENSICS_CACHE", str(tmp_path / "cache"))
+    directory = tmp_path / "deployment"
+    directory.mkdir()
+    home = clone.deployment_cache(directory)
+    program = home / "env" / "venv" / "bin" / "python"
+    program.parent.mkdir(parents=True)
+    shutil.copy(shutil.which("sleep"), program)
+    assert clone.users(directory) == []
+    proc = subprocess.Popen([str(program), "300"])
+    try:
+        assert clone.users(directory) == [proc.pid]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert clone.users(directory) == []
+    assert clone.remove(directory) == home and not home.exists()

@@ -167,13 +167,17 @@ def down(inventory, as_json) -> None:
     if report.get("killed"):
         message += (f"; SIGKILLed after the stop timeout: {', '.join(report['killed'])} "
                     "(did not finish its SIGTERM)")
+    if report.get("environment_in_use"):
+        message += (f"; kept the engine environment: pid(s) {', '.join(map(str, report['environment_in_use']))} "
+                    "still run from it, and no record proves them this deployment's (nothing signalled)")
     if report.get("removed_environment"):
         message += f"; removed its engine environment {report['removed_environment']}"
     if report["removed_directory"]:
         message += f"; removed the twin's directory {report['removed_directory']}"
     if still:
         message += f"; still running: {', '.join(still)}"
-    conclude(as_json, BAD if still else GOOD, data, lambda: _print(message), word="failed" if still else "down")
+    failed = bool(still or report.get("environment_in_use"))
+    conclude(as_json, BAD if failed else GOOD, data, lambda: _print(message), word="failed" if failed else "down")
 
 
 @command.command()

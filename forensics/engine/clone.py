@@ -84,6 +84,22 @@ def clone_environment(environment_root: Path, directory: Path) -> Path:
     return clone
 
 
+def users(directory: Path) -> list[int]:
+    """Pids of live processes whose program lies in the deployment's clone (its venv's python).
+
+    What ``remove`` must not pull out from under: a deployment whose records no longer prove
+    its processes (see ``records``) may still have them running from the clone."""
+    import psutil
+
+    home = str(deployment_cache(directory).resolve()) + os.sep
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        argv = proc.info.get("cmdline") or []
+        if argv and os.path.abspath(argv[0]).startswith(home):
+            found.append(proc.info["pid"])
+    return sorted(found)
+
+
 def remove(directory: Path) -> Path | None:
     """Remove the deployment's clone (and its backups); returns what was removed, None if nothing was."""
     home = deployment_cache(directory)

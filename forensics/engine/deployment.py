@@ -176,7 +176,9 @@ class EngineDeployment:
 
         The report has the twin's keys (``stopped``, ``recovered``, ``stale``, ``still_running``,
         ``listening``, ``removed_directory``) and ``killed`` (the roles that needed SIGKILL),
-        ``removed_environment`` (the clone) and ``seconds``."""
+        ``removed_environment`` (the clone), ``environment_in_use`` (pids still running from the
+        clone that no record proves ours: nothing signalled, the clone and directory kept) and
+        ``seconds``."""
         started = time.monotonic()
         settings = self.settings
         directory = Path(settings.directory)
@@ -193,7 +195,10 @@ class EngineDeployment:
                 report["stale"].append(role)
             if outcome == "left" or records.running(directory, role):
                 report["still_running"].append(role)
-        if not report["still_running"]:
+        in_use = clone.users(directory)
+        if in_use:  # processes no record proves ours still run from the clone: it stays, named
+            report["environment_in_use"] = in_use
+        if not report["still_running"] and not in_use:
             removed = clone.remove(directory)
             report["removed_environment"] = None if removed is None else str(removed)
             if settings.created_directory and directory.is_dir():
