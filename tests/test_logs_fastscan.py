@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import forensics as fx
@@ -287,6 +287,9 @@ def mutated_line(draw):
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(mutated_line(), min_size=1, max_size=4))
+@example(lines=[b"[2025-07-01 12:00:00 TP0] Decode batch, #running-req: 3, #token: 4096, token usage: 0.02, "
+                b"#transfer-req: .12, #retracted-req: 1, cuda graph: True, gen throughput (token/s): 95.31, "
+                b"#queue-req: 0"])  # found by hypothesis: the C path read ".12" as 0.12, the Python path as NA
 def test_mutated_batch_lines_agree(tmp_path, lines):
     """Both paths give the same frames, the C path reading a mutated line or declining it.
 

@@ -207,7 +207,7 @@ static int parse_sglang_prefix(const unsigned char **p, const unsigned char *end
 static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
-/* A canonical value: "True"/"False" (kind 1) or digits with an optional fraction and an
+/* A canonical value: "True"/"False" (kind 1) or a digit, digits, an optional fraction and an
  * optional trailing '%' (kind 0). Correctly rounded, like float(). */
 static int parse_value(const unsigned char *s, const unsigned char *end, double *out, uint8_t *kind) {
     Py_ssize_t n = end - s;
@@ -215,6 +215,9 @@ static int parse_value(const unsigned char *s, const unsigned char *end, double 
     if (n == 5 && memcmp(s, "False", 5) == 0) { *out = 0.0; *kind = 1; return 1; }
     if (n > 0 && end[-1] == '%') { end--; n--; }
     if (n <= 0 || n > 64) return 0;
+    /* sglang formats numbers with a digit at each end: ".12" and "1." are declined (the
+     * Python path reads them exactly), not read as 0.12 and 1 */
+    if (!is_digit(*s) || !is_digit(end[-1])) return 0;
     uint64_t mantissa = 0;
     int digits = 0, frac = 0, dot = 0;
     for (const unsigned char *q = s; q < end; q++) {

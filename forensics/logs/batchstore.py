@@ -31,12 +31,15 @@ def as_counts(values) -> np.ndarray:
 
     Integer input is taken as it is (negative rank codes from the compiled scanner mean
     absent); float input (NaN = absent) must hold only integers below 2**53, which a
-    double represents exactly: the parsers hand larger values to the exact text path.
+    double represents exactly: the parsers hand larger values to the exact text path. A
+    float with a fraction is absent too.
     """
     values = np.asarray(values)
     if values.dtype.kind in "iu":
         return values.astype(np.int64, copy=False)
-    missing = np.isnan(values)
+    # A count printed with a fraction ("#transfer-req: 1.2") is no count: absent, as the
+    # Python path reads it, never truncated to 1.
+    missing = np.isnan(values) | (values != np.trunc(values))
     counts = np.where(missing, 0, values).astype(np.int64)
     counts[missing] = MISSING
     return counts
