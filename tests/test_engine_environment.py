@@ -107,6 +107,9 @@ def test_stop_kills_a_tree_that_never_finishes_its_sigterm(tmp_path):
         time.sleep(0.1)
     members = [process.pid, *(c.pid for c in psutil.Process(process.pid).children(recursive=True))]
     assert len(members) == 2
+    process.remember_tree()  # stop() also finds these by pid and start, should one leave the group
+    assert sorted(process.members) == sorted(members)
+    assert sorted(proc.pid for proc in process._members_alive()) == sorted(members)
     started = time.monotonic()
     assert process.stop(timeout=2) == "killed"
     assert time.monotonic() - started < 15

@@ -31,6 +31,7 @@ import psutil
 
 from forensics.engine.environment import EngineEnvironment, engine_environment_variables
 from forensics.exitcodes import EnvironmentProblem, UsageProblem
+from forensics.process_start import same_start, start_ticks
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 300.0  # ~25 s alone; much more on 2 cores shared with other work
@@ -95,7 +96,7 @@ class EngineProcess:
     url: str
     log_file: Path
     argv: list[str]
-    members: dict[int, float] = field(default_factory=dict)  # pid -> create_time, for stop()
+    members: dict[int, dict] = field(default_factory=dict)  # pid -> its start (process_start), for stop()
 
     @property
     def pid(self) -> int:
@@ -113,7 +114,7 @@ class EngineProcess:
         try:
             leader = psutil.Process(self.pid)
             for proc in [leader, *leader.children(recursive=True)]:
-                self.members[proc.pid] = proc.create_time()
+                self.members[proc.pid] = {"start_ticks": start_ticks(proc.pid), "create_time": proc.create_time()}
         except psutil.Error:
             pass
 
@@ -163,10 +164,10 @@ class EngineProcess:
 
     def _members_alive(self) -> list[psutil.Process]:
         alive = []
-        for pid, created in self.members.items():
+        for pid, started in self.members.items():
             try:
                 proc = psutil.Process(pid)
-                if abs(proc.create_time() - created) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE:
+                if same_start(proc, started) and proc.status() != psutil.STATUS_ZOMBIE:
                     alive.append(proc)  # the same process (pid + start time), not a stranger reusing the pid
             except psutil.Error:
                 pass
