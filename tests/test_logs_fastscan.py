@@ -285,11 +285,18 @@ def mutated_line(draw):
     return line
 
 
+_MUTATED_DECODE = (  # a decode batch line of the C path's layout, its #transfer-req value mutated
+    b"[2025-07-01 12:00:00 TP0]Decode batch, #running-req: 3, #token: 4096, token usage: 0.02, accept len: 2.50, "
+    b"accept rate: 0.75, pre-allocated usage: 0.01, #prealloc-req: 4, #transfer-req: %s, #retracted-req: 1, "
+    b"cuda graph: True, gen throughput (token/s): 95.31, #queue-req: 0, est. decode TFLOPS/s (per GPU): 3.50, "
+    b"est. read BW (GB/s per GPU): 800.00, est. write BW (GB/s per GPU): 10.00")
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(mutated_line(), min_size=1, max_size=4))
-@example(lines=[b"[2025-07-01 12:00:00 TP0] Decode batch, #running-req: 3, #token: 4096, token usage: 0.02, "
-                b"#transfer-req: .12, #retracted-req: 1, cuda graph: True, gen throughput (token/s): 95.31, "
-                b"#queue-req: 0"])  # found by hypothesis: the C path read ".12" as 0.12, the Python path as NA
+@example(lines=[_MUTATED_DECODE % b".12"])  # found by hypothesis: the C path read ".12" as 0.12, the Python path NA
+@example(lines=[_MUTATED_DECODE % b"1.2"])  # ... and "1.2" as the count 1
+@example(lines=[_MUTATED_DECODE % b"1."])  # ... and "1." as the count 1
 def test_mutated_batch_lines_agree(tmp_path, lines):
     """Both paths give the same frames, the C path reading a mutated line or declining it.
 
