@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("forensics.cli.validate_cmd", "Validation campaign: storm cycles and checks, PASS or not."),
     "report": ("forensics.cli.report_cmd", "Write an investigation's postmortem: Markdown, HTML, PDF."),
     "engine": ("forensics.cli.engine_cmd", "The real engine's environment and models: prepare."),
+    "threads": ("forensics.cli.threads_cmd", "Check py-spy and faulthandler dumps against a release."),
 }
 
 

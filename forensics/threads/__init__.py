@@ -7,6 +7,7 @@
     expected = expected_threads("0.5.15", "nixl")          # read from the release's own source
     check = check_threads(dump, expected, role="prefill")  # .ok, .findings, .frame
     diff_dumps(dump_before, dump_after)                    # appeared / vanished / top_changed
+    check_dump_files(["prefill.log", "dump.txt"], sglang="0.5.15", role="prefill")  # dumps people have
 
 See docs/threads.md for the frame schemas, the rules and every INCONCLUSIVE reason.
 """
@@ -15,10 +16,16 @@ from forensics.threads.check import ThreadCheck, check_threads
 from forensics.threads.diff import diff_dumps
 from forensics.threads.dump import ThreadDump, dump_threads, parse_dump
 from forensics.threads.expected import ExpectedThread, ExpectedThreads, NoKVManager, expected_threads
+from forensics.threads.filecheck import DumpFileCheck, check_dump_files
 from forensics.threads.schema import THREAD_COLUMNS
+from forensics.threads.textdump import ReadDump, read_dump_file
 
 __all__ = [
     "THREAD_COLUMNS",
+    "DumpFileCheck",
+    "ReadDump",
+    "check_dump_files",
+    "read_dump_file",
     "ExpectedThread",
     "ExpectedThreads",
     "NoKVManager",
