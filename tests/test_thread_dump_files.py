@@ -277,3 +277,32 @@ def test_the_cli_exits_by_the_contract_and_its_json_holds_every_dump():
     assert missing.returncode == 4 and "/nonexistent/dump.txt: cannot read it" in missing.stderr
     backend = runner.invoke(cli, [*base, "--backend", "bogus", str(DATA / "prefill-scheduler.pyspy.txt")])
     assert backend.exit_code == 2 and "bogus" in backend.output
+
+
+# before the scanner knew dump lines: 57, 34 and 477 lines in no known format, and no crash event
+@pytest.mark.parametrize("name, unknown", [
+    ("prefill-sigabrt-faulthandler.log", 0), ("decode-sigabrt-faulthandler.log", 0),
+    ("prefill-watchdog-pyspy.log", 42)])  # 42: the watchdog's "Scheduler debug info:" and py-spy's own error text
+def test_forensics_logs_knows_the_dumps_real_sglang_writes_and_the_fatal_error_is_a_crash(name, unknown):
+    from forensics.logs import scan
+
+    result = scan([DATA / name], role="prefill")
+    assert result.lines_unknown == unknown
+    lines = (DATA / name).read_text().splitlines()
+    for number, _ in result.unknown_samples.get(str(DATA / name), []):
+        assert not read_dump_text_line_is_dump(lines[number - 1]), (number, lines[number - 1])
+    signatures = list(result.events["signature"])
+    if "faulthandler" in name:
+        assert signatures.count("fatal_python_error") == 1
+        assessment = result.assess()
+        assert assessment.exit_status == 1
+        (crash,) = [f for f in assessment.findings if f.id == "engine_crash"]
+        assert "fatal_python_error" in set(crash.evidence["signature"])
+    else:
+        assert signatures.count("pyspy_dump_logged") == 3
+
+
+def read_dump_text_line_is_dump(line: str) -> bool:
+    from forensics.logs.lineformats import THREAD_DUMP_LINE
+
+    return bool(THREAD_DUMP_LINE.match(line.encode()))

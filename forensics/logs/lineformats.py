@@ -57,6 +57,31 @@ MINI_LB_LINE = re.compile(rb"\[MiniLB\] ")
 # ("client_connection: Connection<ConnectionKey(host='127.0.0.1', ...)>").
 AIOHTTP_UNCLOSED = re.compile(rb"(?:Unclosed (?:connection|client session|connector)$"
                               rb"|client_connection: Connection<|client_session: <aiohttp\.|connector: <aiohttp\.)")
+# Thread dumps printed into a log: py-spy's text (sglang's own "Pyspy dump for PID N (...):" is followed by
+# it, or an operator pastes it) and faulthandler's (sglang's scheduler enables faulthandler: a fatal signal
+# writes every thread's stack to stderr). One place for their line shapes: forensics/threads/textdump.py
+# parses dumps with these, and the scanner counts their lines as known (each one whole, no anchors here).
+DUMP_PYSPY_PROCESS = r"Process (\d+): (.*)"
+DUMP_PYSPY_PYTHON = r"Python v\d.*"
+DUMP_PYSPY_PARENT = r"Parent Process \d+: .*"  # --subprocesses: a child's header names its parent
+DUMP_PYSPY_SEPARATOR = r"-{20,}\s*"  # --subprocesses: between two processes
+DUMP_PYSPY_THREAD = r'Thread (0x[0-9A-Fa-f]+|\d+) \((idle|active)(\+gil)?\)(?:: "(.*)")?\s*'
+DUMP_PYSPY_FRAME = r" {4}(\S.*) \(([^()]*?)(?::(\d+))?\)\s*"  # a location has no parentheses
+DUMP_PYSPY_DETAIL = r" {8}.*"  # --locals: "Arguments:", "Locals:" and their values
+DUMP_FAULT_HEAD = r"Fatal Python error: .*"
+DUMP_FAULT_THREAD = r"(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):\s*"
+DUMP_FAULT_STACK = r"(?:Current thread's )?[Ss]tack \(most recent call first\):\s*"
+DUMP_FAULT_FRAME = r'  File "(.*)", line (\d+|\?\?\?) in (.*?)\s*'
+DUMP_FAULT_NO_FRAME = r"  <no Python frame>\s*"
+DUMP_FAULT_FRAMES_CUT = r"  \.\.\.\s*"  # more than 100 frames in a thread
+DUMP_FAULT_THREADS_CUT = r"\.\.\.\s*"  # more than 100 threads
+DUMP_FAULT_TAIL = r"(?:Extension modules: |Timeout \().*"
+DUMP_OPENERS = (DUMP_PYSPY_PROCESS, DUMP_PYSPY_THREAD, DUMP_FAULT_HEAD, DUMP_FAULT_THREAD, DUMP_FAULT_STACK)
+DUMP_LINES = (*DUMP_OPENERS, DUMP_PYSPY_PYTHON, DUMP_PYSPY_PARENT, DUMP_PYSPY_SEPARATOR, DUMP_PYSPY_FRAME,
+              DUMP_PYSPY_DETAIL, DUMP_FAULT_FRAME, DUMP_FAULT_NO_FRAME, DUMP_FAULT_FRAMES_CUT,
+              DUMP_FAULT_THREADS_CUT, DUMP_FAULT_TAIL)
+THREAD_DUMP_OPENER = re.compile(("(?:" + "|".join(DUMP_OPENERS) + r")\r?$").encode())
+THREAD_DUMP_LINE = re.compile(("(?:" + "|".join(DUMP_LINES) + r")\r?$").encode())
 JOURNAL_META = re.compile(rb"-- (?:Boot [0-9a-f]+ --|No entries --|Logs begin at|Journal begins at|Reboot --)")
 RANK_PART = re.compile(rb"([A-Z_]+?)(\d+)")
 

@@ -35,6 +35,8 @@ from forensics.logs.lineformats import (
     MONTH_PREFIXES,
     PYTHON_WARNING,
     SGLANG_PREFIX,
+    THREAD_DUMP_LINE,
+    THREAD_DUMP_OPENER,
     TQDM_LINE,
     UVICORN_ACCESS,
     UVICORN_PLAIN,
@@ -598,6 +600,7 @@ class SourceScanner(BatchLineScan, AccessLineScan):
         line_no = self.line_base
         samples = self.result.unknown_samples
         warning_lines = 0  # > 0: inside a Python warning, before its source line
+        in_dump = False  # inside a thread dump (py-spy's text or faulthandler's): its lines are known
         while position < len(data):
             end = data.find(b"\n", position)
             line_no += 1
@@ -606,8 +609,12 @@ class SourceScanner(BatchLineScan, AccessLineScan):
                 warning_lines = WARNING_MAX_LINES
             elif warning_lines and WARNING_SOURCE.match(line):
                 warning_lines -= 1  # the warning's indented message lines and its source line
+            elif self.fmt == "plain" and (THREAD_DUMP_OPENER.match(line)
+                                          or (in_dump and (not line.strip() or THREAD_DUMP_LINE.match(line)))):
+                in_dump = True  # `forensics threads check` reads these dumps; here they are only lines
             else:
                 warning_lines = 0
+                in_dump = False
                 if position not in consumed and not self._known_line(line):
                     self.result.lines_unknown += 1
                     if len(samples) < UNKNOWN_SAMPLES:

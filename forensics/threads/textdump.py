@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from forensics.logs import lineformats as lf
 from forensics.threads import schema
 from forensics.threads.dump import parse_dump
 
@@ -47,21 +48,26 @@ FORMATS = (PYSPY_JSON, PYSPY_TEXT, PYSPY_NATIVE, FAULTHANDLER)
 MAX_FILE_BYTES = 64 * 1024 * 1024  # a log with dumps in it; a dump alone is tens of KiB
 MAX_PROBLEMS = 20  # per dump: the first ones say enough, the count says the rest
 
-_PROCESS = re.compile(r"^Process (\d+): (.*)$")
-_PYTHON = re.compile(r"^Python v\d")
-_PARENT = re.compile(r"^Parent Process \d+: ")  # --subprocesses: each child's header names its parent
-_SEPARATOR = re.compile(r"^-{20,}\s*$")  # --subprocesses: between two processes
-_PYSPY_THREAD = re.compile(r'^Thread (0x[0-9A-Fa-f]+|\d+) \((idle|active)(\+gil)?\)(?:: "(.*)")?\s*$')
-_PYSPY_FRAME = re.compile(r"^ {4}(\S.*) \(([^()]*?)(?::(\d+))?\)\s*$")  # a location has no parentheses
-_PYSPY_DETAIL = re.compile(r"^ {8}")  # --locals: "Arguments:", "Locals:" and their values
-_FAULT_HEAD = re.compile(r"^Fatal Python error: ")
-_FAULT_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):\s*$")
-_FAULT_STACK = re.compile(r"^(?:Current thread's )?[Ss]tack \(most recent call first\):\s*$")
-_FAULT_FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*?)\s*$')
-_FAULT_NO_FRAME = re.compile(r"^  <no Python frame>\s*$")
-_FAULT_FRAMES_CUT = re.compile(r"^  \.\.\.\s*$")
-_FAULT_THREADS_CUT = re.compile(r"^\.\.\.\s*$")
-_FAULT_TAIL = re.compile(r"^(Extension modules: |Timeout \()")
+
+def _whole(pattern: str) -> re.Pattern:
+    return re.compile(f"^(?:{pattern})$")
+
+
+_PROCESS = _whole(lf.DUMP_PYSPY_PROCESS)
+_PYTHON = _whole(lf.DUMP_PYSPY_PYTHON)
+_PARENT = _whole(lf.DUMP_PYSPY_PARENT)
+_SEPARATOR = _whole(lf.DUMP_PYSPY_SEPARATOR)
+_PYSPY_THREAD = _whole(lf.DUMP_PYSPY_THREAD)
+_PYSPY_FRAME = _whole(lf.DUMP_PYSPY_FRAME)
+_PYSPY_DETAIL = _whole(lf.DUMP_PYSPY_DETAIL)
+_FAULT_HEAD = _whole(lf.DUMP_FAULT_HEAD)
+_FAULT_THREAD = _whole(lf.DUMP_FAULT_THREAD)
+_FAULT_STACK = _whole(lf.DUMP_FAULT_STACK)
+_FAULT_FRAME = _whole(lf.DUMP_FAULT_FRAME)
+_FAULT_NO_FRAME = _whole(lf.DUMP_FAULT_NO_FRAME)
+_FAULT_FRAMES_CUT = _whole(lf.DUMP_FAULT_FRAMES_CUT)
+_FAULT_THREADS_CUT = _whole(lf.DUMP_FAULT_THREADS_CUT)
+_FAULT_TAIL = _whole(lf.DUMP_FAULT_TAIL)
 _SGLANG_PYSPY = re.compile(r"Pyspy dump for PID (\d+) \((py-spy dump(?: --native)? --pid \d+)\):\s*$")
 _SGLANG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 # A line of a log around a dump, which ends the dump: sglang's "[2026-12-03 12:36:44...]", an ISO
