@@ -199,6 +199,12 @@ def test_diagnosis_on_the_real_files_is_wedged():
                             "url": ["http://127.0.0.1:51468", "http://127.0.0.1:36754"]})
     verdict = decide(Evidence({"name": "real-0.5.15"}, {"engines": engines, "events": events, "thread_check": check}))
     assert verdict.verdict == "WEDGED", verdict
+    # The death has no time of its own: the chain gives its bounds, and the decode's abort (printed
+    # inside them) is never called "before" it (tests/test_event_time.py).
+    chain = verdict.kill_chain
+    assert chain[0].startswith("decode_transfer_aborted for room 3925563661319346376 on the decode at "
+                               "2026-12-01T23:30:12+00:00, within the time bounds of the thread death")
+    assert "died between 2026-12-01T23:30:04+00:00 and 2026-12-01T23:32:09+00:00" in chain[1]
 
 
 def test_server_info_of_the_real_engine_keeps_its_numbers():

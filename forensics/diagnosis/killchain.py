@@ -10,6 +10,8 @@ from __future__ import annotations
 import pandas as pd
 
 from forensics.evidence import Evidence
+from forensics.logs import eventtime
+from forensics.logs.summary import likely_trigger
 
 from .signals import BOOTSTRAP_QUEUE, Signal
 
@@ -25,17 +27,14 @@ def kill_chain(evidence: Evidence, signals: list[Signal], verdict: str) -> list[
     events = evidence.frame("events")
     death = next((s for s in signals if s.name == "thread_death_logged"), None)
     if events is not None and len(events) and death is not None and death.at is not None:
-        from forensics.logs.summary import TRIGGER_WINDOW, TRIGGERS
-
-        before = events[events["signature"].isin(TRIGGERS) & events["ts"].notna()
-                        & (events["ts"] <= death.at) & (events["ts"] >= death.at - TRIGGER_WINDOW)]
-        with_room = before[before["room"].notna()]
-        pick = with_room if len(with_room) else before
-        if len(pick):
-            row = {name: pick[name].iloc[-1] for name in pick.columns}
+        # The death's own row: a traceback has no time of its own, only the bounds of the lines around it.
+        first = death.evidence[0] if death.evidence else {"ts": death.at}
+        earliest, latest = eventtime.bounds(first)
+        row = likely_trigger(events, earliest if earliest is not None else death.at, latest)
+        if row is not None:
             room = "" if pd.isna(row["room"]) else f" for room {int(row['room'])}"
-            steps.append(f"{row['signature']}{room} on the {row['role']} at {_iso(row['ts'])} "
-                         f"[{row['source']}:{row['line']}]")
+            steps.append(f"{row['signature']}{room} on the {row['role']} {eventtime.when(row)}, "
+                         f"{eventtime.relation_words(row, first, 'the thread death')} [{row['source']}:{row['line']}]")
     if death is not None:
         steps.append(f"bootstrap thread death on {death.engine}: {death.says}")
     missing = next((s for s in signals if s.name == "bootstrap_thread_missing"), None)

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.evidence import Evidence
+from forensics.logs import eventtime
 
 SOURCES = ("probes", "processes", "threads", "logs", "metrics")
 KINDS = ("wedge", "down", "degraded", "healthy", "context")
@@ -253,9 +254,10 @@ def log_signals(evidence: Evidence) -> list[Signal]:
                 caveat = "" if started is not None else " (process start unknown: may be from an earlier run)"
                 out.append(Signal("thread_death_logged" if wedge else "thread_died", "logs", engine,
                                   "wedge" if wedge else "degraded",
-                                  f"{first['thread'] or 'a thread'} died at {_when(first['ts'])} with "
+                                  f"{first['thread'] or 'a thread'} died {eventtime.when(first)} with "
                                   f"{first['message']!r} [{first['source']}:{first['line']}]{caveat}", first["ts"],
-                                  rows(deaths, ["ts", "source", "line", "thread", "message"])))
+                                  rows(deaths, ["ts", "ts_source", "ts_upper", "source", "line", "thread",
+                                                "message"])))
             # Failures of the PD pipeline (timeouts, transfers, heartbeats) involve both sides: a
             # restart of either side starts it afresh, so lines before the last restart are history.
             recent = current

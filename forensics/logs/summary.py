@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from forensics.logs import eventtime
+
 TRIGGERS = ("decode_transfer_aborted", "decode_handshake_aborted", "decode_transfer_timeout", "abort_sent",
             "client_disconnected", "scheduler_abort_request")
 DEATHS = ("thread_death", "bootstrap_thread_died")
@@ -63,29 +65,32 @@ def summarise(scan) -> Summary:
     deaths = events[events["signature"].isin(DEATHS)]
     if len(deaths):
         first = _row(deaths, 0)
+        earliest, last = eventtime.bounds(first)
         facts["first_thread_death"] = {
-            "ts": None if pd.isna(first["ts"]) else first["ts"].isoformat(), "thread": first["thread"],
+            "ts": None if earliest is None else earliest.isoformat(),
+            "ts_upper": None if last is None or last == earliest else last.isoformat(),
+            "thread": first["thread"],
             "message": first["message"], "host": first["host"], "role": first["role"], "where": _where(first),
             "ts_source": first["ts_source"], "count": int(len(deaths)),
         }
         sentences.append(
-            f"First thread death {_when(first['ts'])} ({first['ts_source']} time) on {first['host']} "
+            f"First thread death {eventtime.when(first)} on {first['host']} "
             f"({first['role']}): {first['thread'] or 'a thread'} died with {first['message']!r} [{_where(first)}]."
             + (f" {len(deaths)} thread deaths in all." if len(deaths) > 1 else "")
         )
-        # An inferred time is only a lower bound; the death happened before ts_upper.
-        latest = first["ts_upper"] if not pd.isna(first["ts_upper"]) else first["ts"]
-        trigger = _trigger_before(events, latest)
+        # An inferred time is only a lower bound: a trigger may lie anywhere up to the death's latest.
+        trigger = likely_trigger(events, earliest, last)
         if trigger is not None:
+            relation = eventtime.relation_words(trigger, first)
             facts["trigger"] = {
                 "signature": trigger["signature"], "ts": trigger["ts"].isoformat(),
                 "room": None if pd.isna(trigger["room"]) else int(trigger["room"]),
-                "role": trigger["role"], "where": _where(trigger),
+                "role": trigger["role"], "where": _where(trigger), "relation": eventtime.order(trigger, first),
             }
             room = "" if pd.isna(trigger["room"]) else f" for room {int(trigger['room'])}"
             sentences.append(
-                f"Likely trigger: {trigger['signature']}{room} on the {trigger['role']} {_when(trigger['ts'])}, "
-                f"just before the death [{_where(trigger)}]."
+                f"Likely trigger: {trigger['signature']}{room} on the {trigger['role']} {eventtime.when(trigger)}, "
+                f"{relation} [{_where(trigger)}]."
             )
         else:
             sentences.append("No abort or timeout was logged before the death (trigger not in these logs; "
@@ -141,16 +146,26 @@ def summarise(scan) -> Summary:
     return Summary(facts=facts, sentences=sentences)
 
 
-def _trigger_before(events: pd.DataFrame, ts) -> dict | None:
-    if pd.isna(ts):
+def likely_trigger(events: pd.DataFrame, earliest, latest=None) -> dict | None:
+    """The abort or timeout most likely to have killed the thread that died in [earliest, latest].
+
+    Inside the death's bounds the earliest candidate wins: a death follows its trigger within
+    milliseconds, and later lines inside the bounds (a waiting timeout of a request the dead thread
+    never bootstrapped) are its fallout. Without one inside, the latest before ``earliest``.
+    """
+    if earliest is None or pd.isna(earliest):
         return None
+    latest = earliest if latest is None or pd.isna(latest) else latest
     candidates = events[events["signature"].isin(TRIGGERS) & events["ts"].notna()]
-    candidates = candidates[(candidates["ts"] <= ts) & (candidates["ts"] >= ts - TRIGGER_WINDOW)]
+    candidates = candidates[(candidates["ts"] <= latest) & (candidates["ts"] >= earliest - TRIGGER_WINDOW)]
     if not len(candidates):
         return None
-    # The abort lines with a room say most; prefer the latest one before the death.
+    # The abort lines with a room say most.
     with_room = candidates[candidates["room"].notna()]
     pick = with_room if len(with_room) else candidates
+    inside = pick[pick["ts"] > earliest]
+    if len(inside):
+        return _row(inside, 0)
     return _row(pick, len(pick) - 1)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from forensics.exitcodes import Undecided
+from forensics.logs import eventtime
 
 from .blocks import Bullets, Para, Placeholder, Plot, Section, Sub, Table
 from .gauges import queue_gauge_rows
@@ -336,6 +337,8 @@ def _timeline(x: _Inputs) -> Section:
             if len(message) > MESSAGE_CHARS:
                 message = message[: MESSAGE_CHARS - 1] + "…"
             what = f"{row.signature}{' room ' + room if room else ''}: {message} [{row.source}:{row.line}]"
+            if getattr(row, "ts_source", None) == "inferred":  # placed at its lower bound; say both
+                what += f" ({eventtime.when({'ts': row.ts, 'ts_source': 'inferred', 'ts_upper': getattr(row, 'ts_upper', None)})})"
             rows.append((stamp(row.ts), "log", str(getattr(row, "engine", None) or row.role), what))
     probes = x.frame("probes")
     if probes is not None:
