@@ -29,6 +29,8 @@ row with the date and load it was measured at. ``--runs 0`` or ``--twin-runs 0``
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -274,6 +276,32 @@ def save_store(store: dict, path: Path = STORE) -> None:
     temporary.replace(path)
 
 
+@contextlib.contextmanager
+def _store_lock(path: Path = STORE):
+    """One writer of the store at a time: two campaigns run side by side (a real sweep and a twin
+    sweep) each add their rows to what is on disk, never to the copy they read when they began."""
+    with open(path.with_suffix(".json.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def merge_row(row: dict, path: Path = STORE) -> None:
+    with _store_lock(path):
+        store = load_store(path)
+        keep_row(store, row)
+        save_store(store, path)
+
+
+def merge_costs(release: str, costs: dict, path: Path = STORE) -> None:
+    with _store_lock(path):
+        store = load_store(path)
+        store["costs"][release] = {**store["costs"].get(release, {}), **costs}
+        save_store(store, path)
+
+
 # ----------------------------------------------------------------------------------- section
 
 
@@ -353,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     def keep(row: dict) -> None:
         keep_row(store, row)
         if write:
-            save_store(store)
+            merge_row(row)
 
     rows: list[dict] = []
     if not args.skip_figures:
@@ -362,16 +390,20 @@ def main(argv: list[str] | None = None) -> int:
         store["figures"] = {**figs, "release": args.figures_release, "load_before": load_before,
                             "load_after": os.getloadavg()[0], "measured": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"}
         if write:
-            save_store(store)
+            with _store_lock():
+                on_disk = load_store()
+                on_disk["figures"] = store["figures"]
+                save_store(on_disk)
     for release, runs in chosen:
         if args.twin_runs:
             rows += twin_acceptance(release, args.twin_runs, say, on_row=keep, commands=commands)
         if runs:
             real_rows, costs = real_acceptance(release, runs, say, on_row=keep, commands=commands)
-            kept = store["costs"].get(release, {})
-            store["costs"][release] = {**kept, **{k: v for k, v in costs.items() if v}}  # a partial run keeps the rest
+            fresh = {k: v for k, v in costs.items() if v}
+            store["costs"][release] = {**store["costs"].get(release, {}), **fresh}  # a partial run keeps the rest
             if write:
-                save_store(store)
+                merge_costs(release, fresh)
             rows += real_rows
-    publish(section(store), SECTION_START, SECTION_END, write=write)
+    with _store_lock():  # a campaign beside this one may be publishing too
+        publish(section(load_store() if write else store), SECTION_START, SECTION_END, write=write)
     return 0 if all(r["as_expected"] == r["runs"] for r in rows) else 1
