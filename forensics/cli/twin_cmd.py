@@ -34,6 +34,32 @@ def command() -> None:
     """The local PD twin: prefill (sglang's real bootstrap loop), decode, router on 127.0.0.1."""
 
 
+def _inventory_target(func):
+    """``TARGET`` (the inventory file or the directory ``twin up`` printed) or ``--inventory FILE``."""
+    func = click.option("--inventory", type=click.Path(dir_okay=False), default=None, help=INVENTORY_HELP)(func)
+    return click.argument("target", required=False, type=click.Path())(func)
+
+
+def _resolve(target: str | None, inventory: str | None) -> str:
+    """The inventory file meant: ``--inventory``, or TARGET itself, or TARGET/inventory.toml."""
+    from forensics.twin.api import INVENTORY_NAME  # the same name for the twin and the real engine
+
+    if inventory and target and Path(target) != Path(inventory):
+        raise click.UsageError(f"two deployments given: {target!r} and --inventory {inventory!r}; give one")
+    chosen = inventory or target
+    if chosen is None:
+        raise click.UsageError("which deployment? give its inventory file or its directory (both printed by "
+                               "'forensics twin up'), e.g. 'forensics twin down /tmp/twin-0.5.15-x'")
+    path = Path(chosen)
+    return str(path / INVENTORY_NAME) if path.is_dir() else str(path)
+
+
+def _down_command(inventory: Path) -> str:
+    import shlex
+
+    return f"forensics twin down {shlex.quote(str(inventory))}"
+
+
 def _attach(inventory: str):
     """The deployment an inventory describes: the twin, or the real engine (``[twin] engine = "sglang"``)."""
     from forensics.inventory import InventoryError, load
@@ -92,6 +118,7 @@ def up(engine, model_size, version, decode_version, patched, backend, base_port,
                 directory=str(deployment.directory), timings_s=deployment.timings,
                 pids={role: deployment.pid(role) for role in ("prefill", "decode", "router")})
     data["inventory"] = str(deployment.inventory_path)
+    data["down_command"] = _down_command(deployment.inventory_path)
 
     def human() -> None:
         _print(deployment)
@@ -100,15 +127,19 @@ def up(engine, model_size, version, decode_version, patched, backend, base_port,
 
             click.echo(PairCheck(**{k: v for k, v in deployment.pair.items() if k != "servable"}).summary())
         click.echo(f"inventory: {deployment.inventory_path}")
+        click.echo(f"it runs until: {data['down_command']}")
 
     conclude(as_json, GOOD, data, human, word="up")
 
 
 @command.command()
-@click.option("--inventory", required=True, type=click.Path(dir_okay=False), help=INVENTORY_HELP)
+@_inventory_target
 @click.option("--json", "as_json", is_flag=True)
-def status(inventory, as_json) -> None:
-    """Is each process alive and answering; is the prefill's bootstrap thread alive? (exit 1 if not)"""
+def status(target, inventory, as_json) -> None:
+    """Is each process alive and answering; is the prefill's bootstrap thread alive? (exit 1 if not)
+
+    TARGET: the twin's inventory file or its directory (or --inventory FILE)."""
+    inventory = _resolve(target, inventory)
     report = _attach(inventory).status()
     healthy = report.healthy
     document = dict(report.to_dict(), healthy=healthy)
@@ -123,10 +154,13 @@ def status(inventory, as_json) -> None:
 
 @command.command()
 @click.argument("role", type=click.Choice(["prefill", "decode", "router", "all"]), default="all")
-@click.option("--inventory", required=True, type=click.Path(dir_okay=False), help=INVENTORY_HELP)
+@_inventory_target
 @click.option("--json", "as_json", is_flag=True)
-def restart(role, inventory, as_json) -> None:
-    """Restart one role (what 'systemctl restart' is for a live host)."""
+def restart(role, target, inventory, as_json) -> None:
+    """Restart one role (what 'systemctl restart' is for a live host).
+
+    TARGET: the twin's inventory file or its directory (or --inventory FILE)."""
+    inventory = _resolve(target, inventory)
     deployment = _attach(inventory)
     # restart() raises (exit 4) when a role does not come back ready; then check what runs now.
     seconds = deployment.restart(role)
@@ -143,10 +177,13 @@ def restart(role, inventory, as_json) -> None:
 
 
 @command.command()
-@click.option("--inventory", required=True, type=click.Path(dir_okay=False), help=INVENTORY_HELP)
+@_inventory_target
 @click.option("--json", "as_json", is_flag=True)
-def down(inventory, as_json) -> None:
-    """Stop every process of the twin (exit 1 if any is still running afterwards)."""
+def down(target, inventory, as_json) -> None:
+    """Stop every process of the twin (exit 1 if any is still running afterwards).
+
+    TARGET: the twin's inventory file or its directory (or --inventory FILE)."""
+    inventory = _resolve(target, inventory)
     deployment = _attach(inventory)
     pids = {role: deployment.pid(role) for role in ("prefill", "decode", "router")}
     report = deployment.take_down()
