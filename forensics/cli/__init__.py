@@ -14,6 +14,7 @@ import click
 from forensics import __version__
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("forensics.cli.init_cmd", "Write an inventory for your deployment and check it."),
     "logs": ("forensics.cli.logs_cmd", "Parse sglang PD logs into an incident timeline."),
     "demo": ("forensics.cli.demo_cmd", "Run the incident demo end to end."),
     "patch": ("forensics.cli.patch_cmd", "The NIXL bootstrap-loop fix: diff, apply, verify."),
