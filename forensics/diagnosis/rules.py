@@ -18,6 +18,7 @@ from __future__ import annotations
 from forensics.evidence import Evidence, Gap
 
 from .killchain import kill_chain
+from .nextsteps import next_steps
 from .signals import Signal, extract_signals
 from .verdict import Verdict
 
@@ -39,7 +40,7 @@ def decide(evidence: Evidence, signals: list[Signal] | None = None) -> Verdict:
     degraded, healthy = by_kind.get("degraded", []), by_kind.get("healthy", [])
 
     def verdict(word: str, reasons: list[str], chain: list[str] | None = None) -> Verdict:
-        return Verdict(word, reasons, chain or [], signals, gaps, name, at)
+        return Verdict(word, reasons, chain or [], signals, gaps, name, at, next_steps(word, signals, evidence))
 
     if down:
         reasons = [f"{s.engine}: {s.says}" for s in down]

@@ -26,6 +26,7 @@ class Verdict:
     gaps: list[Gap] = field(default_factory=list)  # what was missing (INCONCLUSIVE names the ones that mattered)
     deployment: str | None = None
     at: str | None = None  # ISO time of the evidence (collection time)
+    next_steps: list[str] = field(default_factory=list)  # what to do now, most urgent first (nextsteps.py)
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -49,6 +50,7 @@ class Verdict:
             "kill_chain": list(self.kill_chain),
             "signals": [s.to_dict() for s in self.signals],
             "gaps": [g.to_dict() for g in self.gaps],
+            "next_steps": list(self.next_steps),
         }
 
     def lines(self) -> list[str]:
@@ -63,6 +65,9 @@ class Verdict:
         if self.gaps:
             out.append("Not collected:")
             out += [f"  {g}" for g in self.gaps]
+        if self.next_steps:
+            out.append("Next:")
+            out += [f"  {i}. {step}" for i, step in enumerate(self.next_steps, 1)]
         return out
 
     def __str__(self) -> str:
@@ -85,6 +90,9 @@ class Verdict:
         if self.gaps:
             body.append(Text("\nNot collected", style="bold"))
             body += [Text(str(g), style="yellow") for g in self.gaps]
+        if self.next_steps:
+            body.append(Text("\nNext", style="bold"))
+            body += [Text(f"{i}. {step}") for i, step in enumerate(self.next_steps, 1)]
         title = Text(self.verdict, style=f"bold {colour}")
         return Panel(Group(*body), title=title, subtitle=self.deployment or None, expand=False)
 
@@ -101,4 +109,6 @@ class Verdict:
             parts.append("<table><tr><th>source</th><th>engine</th><th>signal</th><th>says</th></tr>" + rows + "</table>")
         if self.gaps:
             parts.append("<b>Not collected</b><ul>" + "".join(f"<li>{html.escape(str(g))}</li>" for g in self.gaps) + "</ul>")
+        if self.next_steps:
+            parts.append("<b>Next</b><ol>" + "".join(f"<li>{html.escape(s)}</li>" for s in self.next_steps) + "</ol>")
         return "".join(parts)
