@@ -49,7 +49,8 @@ def _resolve(target: str | None, inventory: str | None) -> str:
     chosen = inventory or target
     if chosen is None:
         raise click.UsageError("which deployment? give its inventory file or its directory (both printed by "
-                               "'forensics twin up'), e.g. 'forensics twin down /tmp/twin-0.5.15-x'")
+                               "'forensics twin up'), as TARGET or --inventory FILE, "
+                               "e.g. 'forensics twin down /tmp/twin-0.5.15-x'")
     path = Path(chosen)
     return str(path / INVENTORY_NAME) if path.is_dir() else str(path)
 
