@@ -36,6 +36,7 @@ _LAZY_SUBMODULES = {
     "demo",  # fx.demo.run(...): the whole story on a twin, as `forensics demo` runs it
     "storm",  # fx.storm.run_storm(...): a function named like the package would be replaced by it on import
     "upgrade",  # fx.upgrade.plan_upgrade("0.5.15", "0.5.16"): prefills or decodes first
+    "readiness",  # fx.readiness.check("inventory.toml"): hosts, URLs, journals, py-spy (forensics init)
 }
 
 # Public functions, imported lazily from their modules on first access (``fx.diagnose(...)``).
