@@ -271,3 +271,26 @@ def test_a_b_side_by_side():
     assert ("1", "liveness", FAIL, PASS) in rows and ("3", "metrics", "-", PASS) in rows
     assert "unpatched" in ab._repr_html_() and ab.__rich__() is not None
     assert ab.to_dict()["side_by_side"][1] == {"cycle": "1", "check": "liveness", "unpatched": FAIL, "patched": PASS}
+
+
+def _liveness_rows(outcomes: list[str]) -> pd.DataFrame:
+    n = len(outcomes)
+    return pd.DataFrame({"ts": pd.to_datetime([f"2026-12-03T13:40:{10 + i:02d}Z" for i in range(n)]),
+                         "kind": ["liveness"] * n, "outcome": outcomes, "target": ["router-0"] * n,
+                         "waited_s": [7.0 if o != "ok" else 1.2 for o in outcomes],
+                         "total_s": [7.0 if o != "ok" else 1.2 for o in outcomes], "deadline_s": [6.2] * n})
+
+
+@pytest.mark.parametrize("outcomes, status", [
+    (["answered_late", "ok"], PASS),   # real 0.5.15.post1 patched, loaded machine: the last one completed
+    (["ok", "answered_late"], INCONCLUSIVE),   # the last one was slow: nothing says it still serves
+    (["late", "late"], INCONCLUSIVE),
+    (["error", "ok"], FAIL),   # an error is not slowness
+    (["ok"], PASS),
+])
+def test_a_slow_probe_before_a_completed_one_is_slow_not_dead(outcomes, status):
+    frames = {"probes": _liveness_rows(outcomes)}
+    got = checks.liveness(_cycle(evidence=SimpleNamespace(frames=frames, gaps=[])))
+    assert got.status == status, got.reason
+    if status == PASS and len(outcomes) > 1:
+        assert "slow, not dead" in got.reason
