@@ -306,3 +306,15 @@ def read_dump_text_line_is_dump(line: str) -> bool:
     from forensics.logs.lineformats import THREAD_DUMP_LINE
 
     return bool(THREAD_DUMP_LINE.match(line.encode()))
+
+
+def test_the_logs_summary_points_at_the_dumps_and_the_command_that_checks_them():
+    from forensics.logs import scan
+
+    path = DATA / "prefill-watchdog-pyspy.log"
+    summary = scan([path], role="prefill").summary()
+    assert [d["where"] for d in summary.facts["thread_dumps"]] == [f"{path}:{n}" for n in (77, 278, 449)]
+    text = " ".join(summary.sentences)
+    assert "3 thread dump(s) in these logs" in text
+    assert f"`forensics threads check {path} --sglang X --role prefill`" in text
+    assert scan([DATA / "prefill-scheduler.pyspy.txt"]).summary().facts["thread_dumps"] == []

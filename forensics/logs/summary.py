@@ -15,6 +15,7 @@ from forensics.logs import eventtime
 TRIGGERS = ("decode_transfer_aborted", "decode_handshake_aborted", "decode_transfer_timeout", "abort_sent",
             "client_disconnected", "scheduler_abort_request")
 DEATHS = ("thread_death", "bootstrap_thread_died")
+DUMPS = ("pyspy_dump_logged", "fatal_python_error")  # a thread dump follows each (forensics threads check)
 TRIGGER_WINDOW = pd.Timedelta(minutes=10)
 
 
@@ -138,6 +139,16 @@ def summarise(scan) -> Summary:
     unknown = scan.lines_unknown
     facts["lines_unknown"] = unknown
     facts["problems"] = [str(p) for p in scan.problems]
+    dumps = events[events["signature"].isin(DUMPS)]
+    facts["thread_dumps"] = [{"where": _where(_row(dumps, i)), "signature": str(dumps["signature"].iloc[i])}
+                             for i in range(len(dumps))]
+    if len(dumps):
+        files = sorted({str(s) for s in dumps["source"]})
+        roles = sorted({str(r) for r in dumps["role"] if not pd.isna(r)})
+        role = roles[0] if len(roles) == 1 and roles[0] in ("prefill", "decode") else "prefill|decode"
+        sentences.append(f"{len(dumps)} thread dump(s) in these logs (sglang's own py-spy output or faulthandler's, "
+                         f"first at {_where(_row(dumps, 0))}): check them against the release's threads with "
+                         f"`forensics threads check {' '.join(files)} --sglang X --role {role}`.")
     if unknown:
         sentences.append(f"{unknown} lines were in no known format (see problems).")
     if scan.problems:
