@@ -250,7 +250,7 @@ def test_inputs_that_are_no_dump_are_named_never_clean(tmp_path):
     text = check.text()
     assert "dump.json: not py-spy's JSON" in text and "core: binary data" in text
     assert "prefill.log: no thread dump in it" in text
-    with pytest.raises(EnvironmentProblem, match="missing.txt: cannot read it"):
+    with pytest.raises(EnvironmentProblem, match="missing.txt: no such dump file"):
         check_dump_files([tmp_path / "missing.txt"], sglang=RELEASE, role="prefill")
 
 
@@ -274,7 +274,7 @@ def test_the_cli_exits_by_the_contract_and_its_json_holds_every_dump():
         assert len(line) <= 80 or " " not in line.strip(), line
     missing = subprocess.run([sys.executable, "-m", "forensics", *base, "/nonexistent/dump.txt"],
                              capture_output=True, text=True, timeout=300)
-    assert missing.returncode == 4 and "/nonexistent/dump.txt: cannot read it" in missing.stderr
+    assert missing.returncode == 4 and "/nonexistent/dump.txt: no such dump file" in missing.stderr
     backend = runner.invoke(cli, [*base, "--backend", "bogus", str(DATA / "prefill-scheduler.pyspy.txt")])
     assert backend.exit_code == 2 and "bogus" in backend.output
 
@@ -318,3 +318,16 @@ def test_the_logs_summary_points_at_the_dumps_and_the_command_that_checks_them()
     assert "3 thread dump(s) in these logs" in text
     assert f"`forensics threads check {path} --sglang X --role prefill`" in text
     assert scan([DATA / "prefill-scheduler.pyspy.txt"]).summary().facts["thread_dumps"] == []
+
+
+def test_a_device_or_a_pipe_named_as_a_dump_is_refused_before_any_read_and_the_rest_is_kept(tmp_path):
+    import os
+
+    fifo = tmp_path / "dump.txt"
+    os.mkfifo(fifo)  # nothing ever writes to it: a blocking read would wait for good
+    check = check_dump_files([Path("/dev/zero"), fifo, DATA / "prefill-scheduler.pyspy.txt"], sglang=RELEASE,
+                             role="prefill")
+    assert [r.status for r in check.results] == [CLEAN]
+    assert check.problems == ["/dev/zero: not a regular file (a character device), not a dump file",
+                              f"{fifo}: not a regular file (a named pipe), not a dump file"]
+    assert check.status == INCONCLUSIVE

@@ -8,9 +8,7 @@ never silently ignored. A ``password`` key anywhere is refused: an inventory nev
 from __future__ import annotations
 
 import math
-import os
 import re
-import stat
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from urllib.parse import urlparse
 import tomli_w
 
 from forensics.redact import REDACTED, redact_text
+from forensics.regular_file import read_regular_file
 
 from .errors import InventoryError
 from .host_spec import DEFAULT_JOURNALCTL, DEFAULT_PY_SPY, Host, HostConfig
@@ -98,40 +97,10 @@ def load(path: str | Path) -> Inventory:
 
 
 def read_capped(path: Path, limit: int = MAX_INVENTORY_BYTES) -> bytes:
-    """The bytes of the regular file ``path``, at most ``limit`` of them.
-
-    Opened without blocking and checked before any read: a FIFO, a device (``/dev/zero`` would
-    be read until memory runs out) or a file over the cap is refused, naming the file.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError as exc:
-        raise InventoryError(f"{path}: no such inventory file", file=str(path)) from exc
-    except OSError as exc:
-        raise InventoryError(f"{path}: cannot read ({exc.strerror})", file=str(path)) from exc
-    with os.fdopen(fd, "rb") as handle:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise InventoryError(f"{path}: is a directory, not an inventory file", file=str(path))
-        if not stat.S_ISREG(mode):
-            raise InventoryError(f"{path}: not a regular file ({_file_kind(mode)}), not an inventory file",
-                                 file=str(path))
-        try:
-            data = handle.read(limit + 1)
-        except OSError as exc:
-            raise InventoryError(f"{path}: cannot read ({exc.strerror})", file=str(path)) from exc
-    if len(data) > limit:
-        raise InventoryError(f"{path}: larger than {limit / 1048576:g} MiB, too big for an inventory file",
-                             file=str(path))
-    return data
-
-
-def _file_kind(mode: int) -> str:
-    for test, word in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return word
-    return "not a plain file"
+    """The bytes of the regular file ``path``, at most ``limit`` of them (``forensics.regular_file``):
+    a FIFO, a device or a file over the cap is refused before any read, naming the file."""
+    return read_regular_file(path, limit, noun="inventory file",
+                             error=lambda message, _unreadable: InventoryError(message, file=str(path)))
 
 
 def loads(text: str, path: str | Path = "<inventory>") -> Inventory:

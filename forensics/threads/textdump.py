@@ -37,6 +37,7 @@ from pathlib import Path
 import pandas as pd
 
 from forensics.logs import lineformats as lf
+from forensics.regular_file import read_regular_file
 from forensics.threads import schema
 from forensics.threads.dump import parse_dump
 
@@ -45,7 +46,7 @@ PYSPY_TEXT = "py-spy-text"
 PYSPY_NATIVE = "py-spy-native"
 FAULTHANDLER = "faulthandler"
 FORMATS = (PYSPY_JSON, PYSPY_TEXT, PYSPY_NATIVE, FAULTHANDLER)
-MAX_FILE_BYTES = 64 * 1024 * 1024  # a log with dumps in it; a dump alone is tens of KiB
+MAX_FILE_BYTES = 64 * 1024 * 1024  # a log with dumps in it (cut a bigger one); a dump alone is tens of KiB
 MAX_PROBLEMS = 20  # per dump: the first ones say enough, the count says the rest
 
 
@@ -78,7 +79,7 @@ _LOG_LINE = re.compile(r"^(\[\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\d{4}-\d\d-\d\d[ T]\d\
 
 class DumpFileError(ValueError):
     """A dump file that cannot be read (``unreadable``: missing, a directory, no permission) or
-    understood (too big, binary, JSON that is not py-spy's)."""
+    understood (a FIFO or device, too big, binary, JSON that is not py-spy's)."""
 
     def __init__(self, message: str, *, unreadable: bool = False) -> None:
         super().__init__(message)
@@ -161,18 +162,8 @@ def read_dump_file(path: str | Path) -> list[ReadDump]:
     no dump in it gives ``[]`` (the caller says so: nothing is "clean" for want of a dump).
     """
     path = Path(path)
-    try:
-        size = path.stat().st_size
-        if path.is_dir():
-            raise DumpFileError(f"{path}: a directory, not a dump file", unreadable=True)
-        if size > MAX_FILE_BYTES:
-            raise DumpFileError(f"{path}: {size} bytes, above the {MAX_FILE_BYTES}-byte limit for a dump file "
-                                "(cut the log to the part around the dump)")
-        data = path.read_bytes()
-    except DumpFileError:
-        raise
-    except OSError as exc:
-        raise DumpFileError(f"{path}: cannot read it ({exc.strerror or exc})", unreadable=True) from None
+    data = read_regular_file(path, MAX_FILE_BYTES, noun="dump file",
+                             error=lambda message, unreadable: DumpFileError(message, unreadable=unreadable))
     if b"\x00" in data[:4096]:
         raise DumpFileError(f"{path}: binary data, not a text dump (a core file? read it with gdb)")
     text = data.decode("utf-8", errors="replace")
