@@ -93,13 +93,7 @@ def starting_inventory(name: str, engines: list[EngineAnswer], *, jump: str | No
     unknown = sorted(set(units) - set(roles))
     if unknown:
         raise UsageProblem(f"--unit {unknown[0]}=...: no {unknown[0]} engine was given")
-    deployment: dict = {"name": name}
-    if sglang:
-        deployment["sglang"] = sglang
-    if backend:
-        deployment["backend"] = backend
-    if prometheus:
-        deployment["prometheus"] = prometheus
+    deployment = {"name": name, **_given(sglang=sglang, backend=backend, prometheus=prometheus)}
     data: dict = {"deployment": deployment, "hosts": {}, "engine": []}
     taken: dict[str, str] = {}
     if jump:
@@ -123,22 +117,16 @@ def starting_inventory(name: str, engines: list[EngineAnswer], *, jump: str | No
                                    f"{data['hosts'][host]['user']!r} for another engine; one user per host")
         if answer.role in units:
             engine["logs"] = {"unit": units[answer.role]}
+            engine["restart"] = f"sudo systemctl restart {units[answer.role]}"
         if answer.role == "prefill":
             engine["bootstrap_port"] = bootstrap_port
         if answer.role in ("prefill", "decode"):
             engine["process"] = {"title": "sglang::scheduler", "cmdline": f"--disaggregation-mode {answer.role}"}
         else:
             engine["process"] = {"cmdline": "sglang_router"}
-        if answer.role in units:
-            engine["restart"] = f"sudo systemctl restart {units[answer.role]}"
         data["engine"].append(engine)
     if any(a.host == "local" for a in engines) and (sudo or py_spy):
-        local: dict = {}
-        if sudo:
-            local["sudo"] = True
-        if py_spy:
-            local["py_spy"] = py_spy
-        data["hosts"]["local"] = local
+        data["hosts"]["local"] = _given(sudo=sudo, py_spy=py_spy)
     if not data["hosts"]:
         del data["hosts"]
     text = tomli_w.dumps(data)
@@ -160,19 +148,10 @@ def parse_ssh(text: str, option: str) -> tuple[str | None, str, int | None]:
 
 def _ssh_table(address: str, user: str | None, key: str | None, jump: str | None, sudo: bool,
                py_spy: str | None, port: int | None = None, known_hosts: str | None = None) -> dict:
-    table: dict = {"address": address}
-    if known_hosts:
-        table["known_hosts"] = known_hosts
-    if user:
-        table["user"] = user
-    if port:
-        table["port"] = port
-    if key:
-        table["key"] = key
-    if jump:
-        table["jump"] = jump
-    if sudo:
-        table["sudo"] = True
-    if py_spy:
-        table["py_spy"] = py_spy
-    return table
+    return {"address": address, **_given(known_hosts=known_hosts, user=user, port=port, key=key, jump=jump,
+                                         sudo=sudo, py_spy=py_spy)}
+
+
+def _given(**values) -> dict:
+    """The keys given a value (a table leaves out what the loader's defaults decide)."""
+    return {name: value for name, value in values.items() if value}
