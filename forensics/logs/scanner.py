@@ -611,6 +611,7 @@ class SourceScanner(BatchLineScan, AccessLineScan):
                 warning_lines -= 1  # the warning's indented message lines and its source line
             elif self.fmt == "plain" and (THREAD_DUMP_OPENER.match(line)
                                           or (in_dump and (not line.strip() or THREAD_DUMP_LINE.match(line)))):
+                warning_lines = 0
                 in_dump = True  # `forensics threads check` reads these dumps; here they are only lines
             else:
                 warning_lines = 0

@@ -215,7 +215,7 @@ def check_dump(dump: ReadDump, expected: ExpectedThreads, role: str) -> DumpResu
     """One dump against the release's threads for ``role`` (NOT_CHECKED when it is another process)."""
     identity = identify(dump)
     if identity.process == UNKNOWN:
-        identity = _by_kv_threads(dump, expected) or identity
+        identity = _by_kv_threads(_Threads(dump), expected) or identity
     if identity.process != SCHEDULER:
         return DumpResult(dump, identity, NOT_CHECKED,
                           reasons=[f"a dump of sglang's {identity.process} process, not of a scheduler "
@@ -228,13 +228,9 @@ def check_dump(dump: ReadDump, expected: ExpectedThreads, role: str) -> DumpResu
     result = DumpResult(dump, identity, CLEAN)
     if identity.role is None:
         result.reasons.append(f"its stacks do not show the role: checked as a {role} scheduler, as asked")
-    names = [str(n) for n in dump.frame["thread_name"]]
-    targets = [thread_target(str(f)) for f in dump.frame["frames"]]
+    threads = _Threads(dump)
     for row in expected.for_role(role):
-        if dump.named:
-            matched = [n for n in names if row.matches(n)]
-        else:
-            matched = [f"thread on {t[0]}" for t in targets if t is not None and _started_on(t, row)]
+        matched = threads.matching(row)
         found = len(matched)
         enough = found >= row.min_count
         if enough and (row.max_count is None or found <= row.max_count):
@@ -266,16 +262,26 @@ def check_dump(dump: ReadDump, expected: ExpectedThreads, role: str) -> DumpResu
     return result
 
 
-def _by_kv_threads(dump: ReadDump, expected: ExpectedThreads) -> Identity | None:
+class _Threads:
+    """A dump's threads as the check reads them: by name where the format names them, else by the
+    function each was started on (faulthandler)."""
+
+    def __init__(self, dump: ReadDump) -> None:
+        self.named = dump.named
+        self.names = [str(n) for n in dump.frame["thread_name"]]
+        self.targets = [t for t in map(thread_target, (str(f) for f in dump.frame["frames"])) if t is not None]
+
+    def matching(self, row: ExpectedThread) -> list[str]:
+        """The threads that are ``row``'s: their names, or "thread on TARGET" for each unnamed one."""
+        if self.named:
+            return [n for n in self.names if row.matches(n)]
+        return [f"thread on {t[0]}" for t in self.targets if _started_on(t, row)]
+
+
+def _by_kv_threads(threads: _Threads, expected: ExpectedThreads) -> Identity | None:
     """A scheduler known by the KV manager's own threads, when its main thread is not in the dump
     (faulthandler lists the newest 100 threads; the main thread is the oldest)."""
-    names = [str(n) for n in dump.frame["thread_name"]]
-    targets = [t for t in map(thread_target, (str(f) for f in dump.frame["frames"])) if t is not None]
-    roles = set()
-    for row in expected.rows:
-        seen = any(row.matches(n) for n in names) if dump.named else any(_started_on(t, row) for t in targets)
-        if seen:
-            roles.add((row.role, row.target))
+    roles = {(row.role, row.target) for row in expected.rows if threads.matching(row)}
     if len({role for role, _ in roles}) != 1:
         return None
     role = next(iter(roles))[0]

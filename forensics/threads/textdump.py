@@ -126,7 +126,6 @@ class ReadDump:
 
 @dataclass
 class _Thread:
-    line: int
     thread_id: int
     native_id: int | None
     name: str
@@ -245,7 +244,7 @@ def _blocks(lines: list[str], source: str) -> list[_Block]:
             ident = m.group(1)
             hexadecimal = ident.lower().startswith("0x")
             # py-spy prints the OS thread id when it knows it, else the pthread_t in hex
-            thread = _Thread(number, int(ident, 16) if hexadecimal else int(ident),
+            thread = _Thread(int(ident, 16) if hexadecimal else int(ident),
                              None if hexadecimal else int(ident), m.group(4) or "",
                              active=m.group(2) == "active", owns_gil=bool(m.group(3)))
             block.threads.append(thread)
@@ -253,7 +252,7 @@ def _blocks(lines: list[str], source: str) -> list[_Block]:
             if block is None or block.format != FAULTHANDLER:
                 block = begin(FAULTHANDLER, number)
             current = line.startswith("Current") or m.re is _FAULT_STACK
-            thread = _Thread(number, int(m.group(2), 16) if m.re is _FAULT_THREAD else 0, None, "",
+            thread = _Thread(int(m.group(2), 16) if m.re is _FAULT_THREAD else 0, None, "",
                              active=current, owns_gil=current)
             block.threads.append(thread)
         elif _FAULT_HEAD.match(line):
