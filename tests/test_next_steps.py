@@ -73,3 +73,12 @@ def test_the_first_fixed_release_is_the_one_the_releases_source_says():
 
     window = handlers.matrix(["0.5.15.post1", FIRST_FIXED_RELEASE], progress=False).window("nixl")
     assert window == ["0.5.15.post1"]  # vulnerable up to the one before, not the fixed one
+
+
+def test_the_decodes_that_block_on_a_restarted_prefill_are_the_ones_the_source_says():
+    from forensics.diagnosis.nextsteps import STALLING_DECODE_RELEASES
+    from patched_engine.decode_hazard import release_blocks
+
+    window = ("0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1")
+    blocking = tuple(v for v in window if release_blocks(v) is not None)
+    assert blocking == STALLING_DECODE_RELEASES

@@ -3,9 +3,9 @@
 A wedged prefill stays wedged until its process restarts: sglang has no way to restart a dead
 ``bootstrap_thread``. Its SIGTERM does not finish either (the tokenizer manager waits for the
 stuck requests; docs/engine.md, measured on real sglang 0.5.15), so its stop lasts as long as
-the supervisor's stop timeout before the SIGKILL. Then the decodes: a 0.5.15 decode blocks for good
-on a prefill that restarted under it (``patched_engine.decode_hazard`` reads it from the source),
-so on that release they restart after the prefills. The lasting fix is the patched bootstrap
+the supervisor's stop timeout before the SIGKILL. Then the decodes: a 0.5.15 or 0.5.15.post1 decode blocks
+for good on a prefill that restarted under it (``patched_engine.decode_hazard`` reads it from the
+source), so on those releases they restart after the prefills. The lasting fix is the patched bootstrap
 loop or a release whose loop handles the decode's ABORT.
 """
 
@@ -18,7 +18,9 @@ from .signals import Signal
 # The first release whose NIXL prefill bootstrap loop handles ABORT (tests/test_next_steps.py
 # holds this against the handler matrix read from the releases' own source).
 FIRST_FIXED_RELEASE = "0.5.16"
-STALLING_DECODE_RELEASES = ("0.5.15",)  # decode_hazard: blocks for good on a restarted prefill
+# decode_hazard: a decode of these blocks for good on a restarted prefill (tests/test_next_steps.py
+# holds the list against decode_hazard.release_blocks over the window)
+STALLING_DECODE_RELEASES = ("0.5.15", "0.5.15.post1")
 
 
 def next_steps(verdict: str, signals: list[Signal], evidence: Evidence) -> list[str]:
@@ -53,9 +55,10 @@ def _wedged(signals: list[Signal], release: str | None) -> list[str]:
              "its shutdown), so the stop lasts your supervisor's stop timeout before the SIGKILL "
              "(`systemctl show -p TimeoutStopUSec UNIT`; 90 s by default); every request meanwhile hangs"]
     if release is None or release in STALLING_DECODE_RELEASES:
-        steps.append("then restart the decodes" + ("" if release else " if they run 0.5.15") + ": a 0.5.15 decode "
-                     "blocks for good on a prefill that restarted under it (`forensics patch deploy "
-                     "--restart-decodes` does both, in that order)")
+        stalling = " or ".join(STALLING_DECODE_RELEASES)
+        steps.append("then restart the decodes" + ("" if release else f" if they run {stalling}") +
+                     f": a {release or stalling} decode blocks for good on a prefill that restarted under it "
+                     "(`forensics patch deploy --restart-decodes` does both, in that order)")
     steps.append(f"keep it from coming back: deploy the fix (`forensics patch deploy --inventory INV`, then "
                  f"`forensics validate`), or upgrade to {FIRST_FIXED_RELEASE} or later, whose bootstrap loop handles "
                  f"the decode's ABORT (`forensics upgrade-order --from {release or 'X'} --to {FIRST_FIXED_RELEASE}` "
