@@ -44,11 +44,6 @@ def bounds(event: Mapping) -> tuple[pd.Timestamp | None, pd.Timestamp | None]:
     return at, _stamp(event.get("ts_upper"))
 
 
-def latest(event: Mapping) -> pd.Timestamp | None:
-    """The latest the event can have happened (its own time, else the next timed line's); None if unbounded."""
-    return bounds(event)[1]
-
-
 def _clock(ts: pd.Timestamp) -> str:
     return ts.isoformat(timespec="milliseconds") if ts.microsecond else ts.isoformat()
 

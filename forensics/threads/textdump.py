@@ -70,7 +70,6 @@ _FAULT_FRAMES_CUT = _whole(lf.DUMP_FAULT_FRAMES_CUT)
 _FAULT_THREADS_CUT = _whole(lf.DUMP_FAULT_THREADS_CUT)
 _FAULT_TAIL = _whole(lf.DUMP_FAULT_TAIL)
 _SGLANG_PYSPY = re.compile(r"Pyspy dump for PID (\d+) \((py-spy dump(?: --native)? --pid \d+)\):\s*$")
-_SGLANG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 # A line of a log around a dump, which ends the dump: sglang's "[2026-12-03 12:36:44...]", an ISO
 # or syslog/journal time, a glog "E1203 12:36:44". Anything else inside a dump is a problem of it.
 _LOG_LINE = re.compile(r"^(\[\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\d{4}-\d\d-\d\d[ T]\d\d:\d\d|"
@@ -295,11 +294,12 @@ def _blocks(lines: list[str], source: str) -> list[_Block]:
 
 
 def _time_of(line: str) -> datetime | None:
-    m = _SGLANG_TIME.match(line)
+    """The time of sglang's prefix on ``line`` (read as UTC, the scanner's default zone), if it has one."""
+    m = lf.SGLANG_PREFIX.match(line.encode("utf-8", "replace"))
     if not m:
         return None
     try:
-        return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+        return datetime.fromisoformat(m.group(1).decode()).replace(tzinfo=UTC)
     except ValueError:
         return None
 
