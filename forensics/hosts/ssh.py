@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -201,7 +202,12 @@ class SSHHost(Host):
             chan = transport.open_session(timeout=self.connect_timeout)
             # paramiko waits for the answer to the exec request with no timeout: a server that
             # opened the session and never answers would hold this command (and its caller) for ever.
-            watchdog = threading.Timer(self.connect_timeout, lambda: (unanswered.set(), chan.close()))
+            def give_up() -> None:
+                unanswered.set()
+                with contextlib.suppress(EOFError, OSError):  # the transport may be gone already
+                    chan.close()
+
+            watchdog = threading.Timer(self.connect_timeout, give_up)
             watchdog.daemon = True
             watchdog.start()
             try:
