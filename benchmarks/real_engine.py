@@ -25,6 +25,8 @@ A sweep of every release at 10 runs takes hours, so results are kept: each comma
 ``benchmarks/real_engine_runs.json`` the moment its runs end (a new campaign of the same release,
 engine and command replaces the old row), and the section is written from everything saved, each
 row with the date and load it was measured at. ``--runs 0`` or ``--twin-runs 0`` skips that engine.
+A real run that misses keeps its evidence in ``benchmarks/out/misses/`` (each role's log from the
+command's start, and the command's output), since the deployment is restarted and then taken down.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ROLES = ("prefill", "decode", "router")
 MODEL = "slow-prefill"
 STORE = Path(__file__).with_name("real_engine_runs.json")
+MISSES = Path(__file__).with_name("out") / "misses"  # ignored by git: evidence for the next look
 GIB = 1 << 30
 KILL_ATTEMPTS = 3
 
@@ -174,7 +177,8 @@ def _command(inventory: Path, argv: tuple[str, ...]) -> dict:
         doc = {}
     prealloc, transfer, observed = storm_kv_hits._aborts(doc)
     return {"exit": done.returncode, "wall_s": wall_s, "prealloc": prealloc, "transfer": transfer,
-            "observed_by": observed, "summary": storm_kv_hits.summary(doc, done.stderr)}
+            "observed_by": observed, "summary": storm_kv_hits.summary(doc, done.stderr),
+            "stdout": done.stdout, "stderr": done.stderr}
 
 
 def real_acceptance(release: str, runs: int, progress=print, on_row=lambda row: None,
@@ -199,8 +203,12 @@ def real_acceptance(release: str, runs: int, progress=print, on_row=lambda row: 
                     if wants_patch != patched or (commands and name not in commands):
                         continue
                     for run in range(runs):
+                        offsets = _log_offsets(dep)
                         result = _command(dep.inventory_path, argv)
                         results[name].append(result)
+                        if result["exit"] != _expected:
+                            result["kept"] = str(keep_miss(dep, offsets, release, name, run, result))
+                            progress(f"  missed: logs kept in {result['kept']}")
                         progress(f"real {release} {name} run {run + 1}/{runs}: exit {result['exit']} "
                                  f"({result['prealloc']}+{result['transfer']} aborts, {result['wall_s']:.1f} s)")
                         if not patched:  # it wedged (or should have): a fresh pair for the next run
@@ -212,6 +220,29 @@ def real_acceptance(release: str, runs: int, progress=print, on_row=lambda row: 
             dep.take_down()
     return [_row(release, "sglang", name, argv, expected, results[name])
             for name, _patched, argv, expected in storm_kv_hits.COMMANDS if results[name]], costs
+
+
+def _log_offsets(dep) -> dict[str, int]:
+    return {role: dep.log_path(role).stat().st_size if dep.log_path(role).exists() else 0 for role in ROLES}
+
+
+def keep_miss(dep, offsets: dict[str, int], release: str, name: str, run: int, result: dict,
+              root: Path = MISSES) -> Path:
+    """A missed run's evidence, kept before the next run restarts the deployment: each role's log from
+    where it stood when the command started, and the command's own output. The deployment is taken
+    down at the end of the campaign, so without this a miss leaves only its one-line summary."""
+    stamp = f"{datetime.now(UTC):%Y%m%dT%H%M%S}"
+    folder = root / f"{release}-{name.replace(' ', '_').replace('-', '')}-run{run + 1}-{stamp}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for role, offset in offsets.items():
+        path = dep.log_path(role)
+        if path.exists():
+            with path.open("rb") as log:
+                log.seek(offset)
+                (folder / f"{role}.log").write_bytes(log.read())
+    (folder / "command.json").write_text(json.dumps({"exit": result["exit"], "stdout": result.get("stdout", ""),
+                                                     "stderr": result.get("stderr", "")}, indent=1))
+    return folder
 
 
 def _command_raw(inventory: Path, argv: tuple[str, ...]) -> subprocess.CompletedProcess:
@@ -244,6 +275,7 @@ def _row(release: str, engine: str, name: str, argv, expected: int, results: lis
             "observed_by": dict(Counter(o for r in results for o in r["observed_by"])),
             "wall_s_mean": sum(r["wall_s"] for r in results) / len(results) if results else 0.0,
             "misses": [r["summary"] for r in results if r["exit"] != expected][:2],
+            "kept": [r["kept"] for r in results if r.get("kept")],
             "measured": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "load_1m": round(os.getloadavg()[0], 1)}
 
 
