@@ -16,6 +16,7 @@ files are.
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import hashlib
 import json
@@ -31,6 +32,7 @@ import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
@@ -125,9 +127,23 @@ class SglangSource:
     def verified_read_text(self, path: str | Path) -> str:
         return self.verified_read_bytes(path).decode("utf-8")
 
+    def tree(self, relative: str | Path) -> ast.Module:
+        """The parsed module at ``relative`` (read through :meth:`verified_read_bytes`), parsed once per
+        file content: the parse cache every new reader of a release's source shares."""
+        data = self.verified_read_bytes(relative)
+        return _parsed(hashlib.sha256(data).digest(), data, str(relative))
+
     def verify(self, path: str | Path) -> None:
         """Check one file (see :meth:`verified_read_bytes`); raises if it cannot be trusted."""
         self.verified_read_bytes(path)
+
+
+@lru_cache(maxsize=512)
+def _parsed(digest: bytes, data: bytes, filename: str) -> ast.Module:
+    """One parse per distinct file content (the digest keys it; ``data`` and ``filename`` ride along).
+    Callers must not change the tree they get."""
+    del digest
+    return ast.parse(data, filename=filename)
 
 
 # --------------------------------------------------------------------------- wheels
@@ -344,6 +360,13 @@ def cached(version: str) -> SglangSource | None:
     if manifest is None or _tree_problem(release_dir, manifest) is not None:
         return None
     return _source_of(version, release_dir, manifest)
+
+
+def wheel_sha256(version: str) -> str | None:
+    """The sha256 of the wheel the cached ``version`` was unpacked from (its manifest's), or None
+    when the release is not in the cache. Reads no tree: for keying what is derived from it."""
+    manifest = _load_manifest(_wheel_cache() / _check_version(version))
+    return manifest["sha256"] if manifest is not None else None
 
 
 def fetch(version: str, *, offline: bool = False) -> SglangSource:

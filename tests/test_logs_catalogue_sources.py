@@ -26,11 +26,9 @@ from __future__ import annotations
 import ast
 import logging
 import re
-import string
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -43,267 +41,28 @@ from sglang_releases import EVERY_RELEASE, FIRST, LAST
 from forensics import sglang_source
 from forensics.logs import catalogue
 from forensics.logs.catalogue import CatalogueError, Signature
+from forensics.logs.source_messages import (
+    ADDR,
+    ELAPSED,
+    GENERIC_FAILURE,
+    IP,
+    PORT,
+    RANK,
+    RID,
+    ROOM,
+    ModuleMessages,
+    Template,
+    has_exception,
+    render,
+)
 
 # FIRST, LAST (sglang_releases): the releases these ranges were read from
-
-# Representative values: exact identifiers at full range, realistic everything else.
-ROOM = 7461092837465012345
-RID = "9f1c3e5a7b2d4f6e8a0c1b3d5f7e9a2c"
-RANK = 3
-IP = "10.0.3.17"
-PORT = 43127
-ADDR = f"{IP}:8998"
-ELAPSED = 300.4
-COUNT = 15
-GENERIC_FAILURE = f"KVTransferError(bootstrap_room={ROOM}): Failed to send KV chunk to {IP}:{PORT}"
-EXCEPTION_NAMES = {"e", "ex", "exc", "err", "error", "exception"}
-LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "fatal",
-               "warning_once", "info_once", "debug_once", "error_once", "log"}
-SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-MAX_VARIANTS = 64  # per variable built with +=, so a long chain cannot explode
-
-
-# --------------------------------------------------------------------------- templates
-
-
-@dataclass(frozen=True)
-class Hole:
-    """One placeholder of a format string: the expression it prints and how."""
-
-    expr: str
-    conversion: str = ""  # f-string / str.format conversion: "r", "s", "a" or ""
-    spec: str = ""  # format spec; for %-format the whole directive, e.g. "%.1f"
-    percent: bool = False
-
-
-Template = tuple  # of str and Hole
-
-
-def _join(*parts: Template) -> Template:
-    out: list = []
-    for part in parts:
-        for piece in part:
-            if isinstance(piece, str) and out and isinstance(out[-1], str):
-                out[-1] += piece
-            else:
-                out.append(piece)
-    return tuple(out)
-
-
-_PERCENT = re.compile(r"%(?:\((?P<key>[^)]*)\))?[#0\- +]*(?:\*|\d+)?(?:\.(?:\*|\d+))?[hlL]?(?P<type>[diouxXeEfFgGcrsa%])")
-
-
-def _percent(fmt: str, args: list[ast.expr]) -> Template:
-    parts: list = []
-    position = 0
-    index = 0
-    for found in _PERCENT.finditer(fmt):
-        parts.append(fmt[position:found.start()])
-        position = found.end()
-        if found.group("type") == "%":
-            parts.append("%")
-            continue
-        expr = ast.unparse(args[index]) if index < len(args) else f"arg{index}"
-        index += 1
-        parts.append(Hole(expr, spec=found.group(0), percent=True))
-    parts.append(fmt[position:])
-    return _join(tuple(p for p in parts if p != ""))
-
-
-def _braces(fmt: str, args: list[ast.expr], keywords: list[ast.keyword]) -> Template | None:
-    parts: list = []
-    auto = 0
-    named = {k.arg: k.value for k in keywords if k.arg}
-    try:
-        parsed = list(string.Formatter().parse(fmt))
-    except ValueError:
-        return None
-    for literal, field, spec, conversion in parsed:
-        parts.append(literal)
-        if field is None:
-            continue
-        head = re.split(r"[.\[]", field, maxsplit=1)[0]
-        if head == "":
-            node = args[auto] if auto < len(args) else None
-            auto += 1
-        elif head.isdigit():
-            node = args[int(head)] if int(head) < len(args) else None
-        else:
-            node = named.get(head)
-        expr = ast.unparse(node) if node is not None else field
-        parts.append(Hole(expr, conversion or "", spec or ""))
-    return _join(tuple(p for p in parts if p != ""))
-
-
-class _Extractor:
-    """Every string template one module can produce (an over-approximation, on purpose)."""
-
-    def __init__(self, tree: ast.Module):
-        self.found: set[Template] = set()
-        self.constants = _module_constants(tree)
-        for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, SCOPES))]:
-            self._scope(scope)
-
-    def _scope(self, scope: ast.AST) -> None:
-        env: dict[str, list[Template]] = {}
-        for node in _scope_nodes(scope):
-            if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                made = self.templates(node.value, env)
-                for target in targets:
-                    if isinstance(target, ast.Name) and made:
-                        env[target.id] = (env.get(target.id, []) + made)[:MAX_VARIANTS]
-            elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add) and isinstance(node.target, ast.Name):
-                tails = self.templates(node.value, env)
-                heads = env.get(node.target.id, [])
-                grown = [_join(h, t) for h in heads for t in tails]
-                self.found.update(grown)
-                if grown:
-                    env[node.target.id] = (heads + grown)[:MAX_VARIANTS]
-            elif isinstance(node, ast.expr):
-                self.found.update(self.templates(node, env))
-
-    def templates(self, node: ast.AST, env: dict[str, list[Template]]) -> list[Template]:
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            return [(node.value,)] if node.value else []
-        if isinstance(node, ast.JoinedStr):
-            return [self._joined(node)]
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-            left, right = self.templates(node.left, env), self.templates(node.right, env)
-            return [_join(a, b) for a in left for b in right][:MAX_VARIANTS]
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
-            fmt = _literal(node.left)
-            if fmt is None:
-                return []
-            args = node.right.elts if isinstance(node.right, ast.Tuple) else [node.right]
-            return [_percent(fmt, args)]
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            if node.func.attr == "format":
-                fmt = _literal(node.func.value)
-                made = _braces(fmt, node.args, node.keywords) if fmt is not None else None
-                return [made] if made else []
-            if node.func.attr in LOG_METHODS:
-                args = node.args[1:] if node.func.attr == "log" else node.args
-                if len(args) > 1 and (fmt := _literal(args[0])) is not None:
-                    return [_percent(fmt, args[1:])]
-            return []
-        if isinstance(node, ast.Name):
-            return env.get(node.id, [])
-        if isinstance(node, ast.IfExp):
-            return self.templates(node.body, env) + self.templates(node.orelse, env)
-        return []
-
-    def _joined(self, node: ast.JoinedStr) -> Template:
-        parts: list = []
-        for value in node.values:
-            if isinstance(value, ast.Constant):
-                parts.append(str(value.value))
-            elif isinstance(value, ast.FormattedValue):
-                spec = ""
-                if isinstance(value.format_spec, ast.JoinedStr):
-                    spec = "".join(str(v.value) for v in value.format_spec.values if isinstance(v, ast.Constant))
-                conversion = chr(value.conversion) if value.conversion and value.conversion > 0 else ""
-                parts.append(Hole(ast.unparse(value.value), conversion, spec))
-        return _join(tuple(parts))
-
-
-def _literal(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.JoinedStr) and all(isinstance(v, ast.Constant) for v in node.values):
-        return "".join(str(v.value) for v in node.values)
-    return None
-
-
-def _scope_nodes(scope: ast.AST) -> list[ast.AST]:
-    """The nodes of one scope, nested scopes left out, in source order."""
-    out: list[ast.AST] = []
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, SCOPES):
-                continue
-            out.append(child)
-            visit(child)
-
-    visit(scope)
-    return out
-
-
-def _module_constants(tree: ast.Module) -> dict[str, object]:
-    """Module-level ``NAME = "text"`` / ``b"text"`` / ``"text".encode(...)`` (e.g. NIXL's GUARD)."""
-    constants: dict[str, object] = {}
-    for node in tree.body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
-            continue
-        value = node.value
-        if isinstance(value, ast.Constant) and isinstance(value.value, str | bytes):
-            constants[node.targets[0].id] = value.value
-        elif (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "encode"
-              and isinstance(value.func.value, ast.Constant) and isinstance(value.func.value.value, str)):
-            constants[node.targets[0].id] = value.func.value.value.encode()
-    return constants
-
 
 @cache
 def _module_templates(path: str) -> tuple[frozenset[Template], dict[str, object]]:
     text = Path(path).read_text(encoding="utf-8", errors="replace")
-    extractor = _Extractor(ast.parse(text, filename=path))
-    return frozenset(extractor.found), extractor.constants
-
-
-# --------------------------------------------------------------------------- rendering
-
-_WORD = r"(?<![A-Za-z]){}(?![A-Za-z])"
-
-
-def _value(expr: str, failure: str, constants: dict[str, object]) -> object:
-    bare = re.sub(r"^(?:str|repr)\((.*)\)$", r"\1", expr)
-    low = expr.lower()
-    if bare in EXCEPTION_NAMES:
-        return failure
-    if expr in constants:
-        return constants[expr]
-    if low.startswith("len("):
-        return COUNT
-    if "room" in low:
-        return ROOM
-    if re.search(_WORD.format("rid"), low):
-        return RID
-    if "addr" in low or "url" in low:
-        return ADDR
-    if re.search(_WORD.format("port"), low):
-        return PORT
-    if re.search(_WORD.format("(?:ip|host)"), low):
-        return IP
-    if "rank" in low:
-        return RANK
-    if any(w in low for w in ("elapsed", "timeout", "seconds", "duration", "interval")):
-        return ELAPSED
-    if any(w in low for w in ("count", "attempt", "retries", "retry", "num")):
-        return COUNT
-    return "value"
-
-
-def _format(hole: Hole, value: object) -> str:
-    for candidate in (value, COUNT, ELAPSED):
-        try:
-            if hole.percent:
-                return hole.spec % (candidate,)
-            shown = {"r": repr, "a": ascii, "s": str}.get(hole.conversion, lambda v: v)(candidate)
-            return format(shown, hole.spec)
-        except (TypeError, ValueError):
-            continue
-    return str(value)
-
-
-def render(template: Template, failure: str, constants: dict[str, object]) -> str:
-    return "".join(p if isinstance(p, str) else _format(p, _value(p.expr, failure, constants)) for p in template)
-
-
-def _has_exception(template: Template) -> bool:
-    return any(isinstance(p, Hole) and re.sub(r"^(?:str|repr)\((.*)\)$", r"\1", p.expr) in EXCEPTION_NAMES
-               for p in template)
+    messages = ModuleMessages(ast.parse(text, filename=path))
+    return messages.templates(), messages.constants
 
 
 def renderings(path: Path, failures: tuple[str, ...] = (GENERIC_FAILURE,)) -> list[str]:
@@ -311,7 +70,7 @@ def renderings(path: Path, failures: tuple[str, ...] = (GENERIC_FAILURE,)) -> li
     templates, constants = _module_templates(str(path))
     out = []
     for template in templates:
-        for failure in failures if _has_exception(template) else failures[:1]:
+        for failure in failures if has_exception(template) else failures[:1]:
             out.append(render(template, failure, constants))
     return out
 
@@ -730,13 +489,16 @@ def test_patched_engine_entries_match_the_patched_source(tmp_path):
 @pytest.mark.parametrize("version", ["0.5.6", "0.5.15"])
 def test_the_most_specific_entry_wins_by_rule_not_by_file_order(version):
     """Every message a release's disaggregation code can write (with every failure text the
-    catalogue's reasons accept): where several entries match it, the winner matches more of it
-    literally, or has the higher priority, never only the earlier place in the file; reversing
-    the file's order changes no answer."""
+    catalogue's reasons accept): where several entries match it, the winner is a hand entry over
+    one derived from sglang's error calls, and otherwise matches more of it literally, or has the
+    higher priority, never only the earlier place in the file; reversing the file's order changes
+    no answer."""
     root = source(version).root
+    hand, derived = catalogue.hand_event_signatures(), catalogue.derived_signatures()
     events = catalogue.event_signatures()
-    failures = tuple(sorted({f for entry in events for f in _failures(entry, root)}))
-    reversed_order = catalogue.ordered(reversed(events))
+    assert events == hand + derived
+    failures = tuple(sorted({f for entry in hand for f in _failures(entry, root)}))
+    reversed_order = catalogue.ordered(reversed(hand)) + catalogue.ordered(reversed(derived))
     files = sorted(source(version).disaggregation.rglob("*.py"))
     overlaps = 0
     for message in sorted({m for path in files for m in renderings(path, failures)}):
@@ -745,9 +507,13 @@ def test_the_most_specific_entry_wins_by_rule_not_by_file_order(version):
             continue
         overlaps += 1
         winner, *others = matching
-        tied = [s.id for s in others if (s.specificity, s.priority) == (winner.specificity, winner.priority)]
+        group = hand if winner in hand else derived
+        tied = [s.id for s in others if s in group and s.id != winner.id
+                and (s.specificity, s.priority) == (winner.specificity, winner.priority)]
         assert not tied, f"{message!r}: {winner.id} wins over {tied} only by file order"
         assert next(s for s in reversed_order if s.match(message) is not None).id == winner.id
+        if any(s in derived for s in matching) and any(s in hand for s in matching):
+            assert winner in hand, f"{message!r}: derived {winner.id} wins over a hand entry"
     assert overlaps  # the decode's failure lines match the generic and the specific entries
 
 

@@ -53,7 +53,8 @@ def test_a_warning_glued_to_the_progress_bar_at_a_restart_is_recognised():
     assert "?it/s]/" in text and "UserWarning: Only CUDA, HIP and XPU" in text
     scan = logs.scan([str(path)], role="prefill")
     assert int(scan.sources["lines_unknown"].sum()) == 0, scan.unknown_samples
-    assert list(scan.events["signature"]) == ["subprocess_exited", "child_failed", "server_ready"]
+    assert list(scan.events["signature"]) == ["subprocess_exited", "child_failed", "crash_diagnostics_skipped",
+                                              "server_ready"]
     judged = assess(scan)
     assert [f.id for f in judged.findings] == ["server_stopped"] and judged.word == "warnings", judged.to_dict()
 

@@ -19,7 +19,6 @@ import re
 from datetime import UTC, datetime
 
 import pytest
-import test_logs_catalogue_sources as catalogue_test
 from prometheus_client.parser import text_string_to_metric_families
 
 from forensics import sglang_source
@@ -27,6 +26,7 @@ from forensics.collectors import metrics as mc
 from forensics.collectors import renames as renames_module
 from forensics.logs import batchlines, sglang_format
 from forensics.logs import incident as gen
+from forensics.logs.source_messages import ModuleMessages
 from forensics.sglang_metrics import COLLECTOR_CLASSES, release_metrics
 from forensics.twin import logformat
 from forensics.twin.metrics import TwinMetrics
@@ -161,15 +161,11 @@ def _generator_lines(version: str) -> dict[str, str]:
 
 
 def _source_strings(version: str, role: str) -> list[re.Pattern]:
-    """Every string the file that logs the release's batch line can build, as patterns (catalogue test's
+    """Every string the file that logs the release's batch line can build, as patterns (the catalogue's
     extractor, without its cap on += chains: the full PD chain is the longest)."""
     template = sglang_format.batch_template(version, role)
     path = sglang_source.fetch(version).root / template.path
-    catalogue_test.MAX_VARIANTS, cap = 1 << 13, catalogue_test.MAX_VARIANTS
-    try:
-        found = catalogue_test._Extractor(ast.parse(path.read_text(encoding="utf-8"))).found
-    finally:
-        catalogue_test.MAX_VARIANTS = cap
+    found = ModuleMessages(ast.parse(path.read_text(encoding="utf-8")), max_variants=1 << 13).templates()
     patterns = []
     for parts in found:
         if not (parts and isinstance(parts[0], str) and parts[0].startswith(sglang_format.HEADERS[role])):

@@ -52,15 +52,24 @@ def _progress_callback(paths: list[str]):
 @click.option("--all", "show_all", is_flag=True, help="Show every event, DEBUG and INFO included.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else there.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Write the events to CSV.")
-def command(paths, since, until, last, tz, role, host, year, fmt, show_all, as_json, csv_path):
+@click.option("--sglang", "releases", multiple=True, metavar="VERSION",
+              help="Also know the error lines this sglang release's own code writes (its source is fetched "
+                   "once; the vulnerable and fixed releases in the cache are known already). Repeatable.")
+def command(paths, since, until, last, tz, role, host, year, fmt, show_all, as_json, csv_path, releases):
     """Parse sglang PD logs (files, .gz, directories, journal files, journalctl output, stderr; - for stdin).
 
     Exit 0 clean (sglang lines read, nothing wrong; warnings allowed), 1 findings (critical or
     error), 3 inconclusive (the output says what was missing), 4 nothing readable or an
     output path that cannot be written.
     """
-    from forensics.logs import scan
+    from forensics.logs import catalogue, scan
+    from forensics.sglang_source import SourceError
 
+    for release in releases:
+        try:
+            catalogue.add_release(release)
+        except SourceError as exc:
+            raise click.BadParameter(f"sglang {release}: {exc}", param_hint="--sglang") from None
     try:
         from zoneinfo import ZoneInfo
 
@@ -82,6 +91,10 @@ def command(paths, since, until, last, tz, role, host, year, fmt, show_all, as_j
         raise EnvironmentProblem("nothing readable: " + "; ".join(str(p) for p in result.problems))
     assessment = result.assess()
     events = result.events if show_all else result.important("warning", JSON_EVENT_COLUMNS)
+    known = catalogue.derived_releases()
+    if not known:
+        result.notes.append("sglang's own error calls are not known (no release source in the cache): a line only "
+                            "they explain is counted unknown, not an event; add --sglang VERSION")
 
     def document() -> dict:
         from forensics.jsonable import frame_json
@@ -96,6 +109,7 @@ def command(paths, since, until, last, tz, role, host, year, fmt, show_all, as_j
             "batch_rows": int(len(result.batches)),
             "problems": [str(p) for p in result.problems],
             "notes": result.notes,
+            "error_calls_from": list(known),  # the releases whose error-level calls the catalogue holds
         }
 
     def human() -> None:

@@ -21,6 +21,8 @@ from importlib import resources
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
+from forensics.logs import source_errors
+
 SEVERITIES = ("critical", "error", "warning", "info", "debug")
 STEPS = ("trigger", "abort_sent", "thread_death", "stall", "fallout", "probe", "context")
 CAPTURED = ("room", "rid", "rank", "reason", "thread", "target", "peer", "addr")
@@ -28,6 +30,7 @@ CAPTURED = ("room", "rid", "rank", "reason", "thread", "target", "peer", "addr")
 # excepthook, this project's patched engine (patched_engine/snippets.py), or a native library
 # logging with Google's glog (Mooncake's transfer engine, NIXL's plugins) on the same stderr.
 ORIGINS = ("sglang", "uvicorn", "cpython", "patched_engine", "glog")
+DERIVED_PRIORITY = -1
 
 
 @dataclass(frozen=True)
@@ -211,28 +214,79 @@ def by_id() -> dict[str, Signature]:
     return {s.id: s for s in signatures()}
 
 
-@lru_cache(maxsize=1)
 def event_signatures() -> tuple[Signature, ...]:
     """The signatures that become one event per line (everything but the aggregated ones), in
-    matching order: the most specific first (:attr:`Signature.specificity`), then the higher
-    ``priority``, then the file's order. A line two entries match is the more specific one's
-    ("Decode transfer failed ... with exception Could not fetch prefill parallel info from ..."
-    is the bootstrap server unreachable, not a generic transfer failure)."""
+    matching order: the hand-written entries (``signatures.toml``) first, the most specific first
+    (:attr:`Signature.specificity`), then the higher ``priority``, then the file's order; then the
+    entries derived from sglang's own error calls (:func:`derived_signatures`), ordered the same way.
+    A line two entries match is the more specific one's ("Decode transfer failed ... with exception
+    Could not fetch prefill parallel info from ..." is the bootstrap server unreachable, not a
+    generic transfer failure), and an entry that says what a line means is preferred to one that only
+    knows sglang logs it as an error."""
+    global _joined
+    hand, derived = hand_event_signatures(), derived_signatures()
+    if _joined[0] is not hand or _joined[1] is not derived:
+        _joined = (hand, derived, hand + derived)  # one tuple per catalogue: the bulk classifier keys on it
+    return _joined[2]
+
+
+_joined: tuple = (None, None, ())
+
+
+@lru_cache(maxsize=1)
+def hand_event_signatures() -> tuple[Signature, ...]:
     return ordered([s for s in signatures() if not s.aggregate])
+
+
+@lru_cache(maxsize=1)
+def derived_signatures() -> tuple[Signature, ...]:
+    """sglang's error-level calls (warning level in disaggregation/) that no hand entry explains, one
+    entry each (:mod:`forensics.logs.source_errors`), from the source of :func:`derived_releases`:
+    their lines are events, never silence."""
+    hand = hand_event_signatures()
+    found = []
+    for entry in source_errors.catalogue_entries(derived_releases()):
+        if any(s.match(entry["rendering"]) is not None for s in hand):
+            continue  # a hand entry explains this call's lines
+        found.append(Signature(id=entry["id"], literal=entry["literal"], pattern=entry["pattern"],
+                               severity=entry["severity"], step=entry["step"], meaning=entry["meaning"],
+                               origin="sglang", releases=entry["releases"], emitted_in=tuple(entry["files"]),
+                               priority=DERIVED_PRIORITY))
+    return ordered(found)
+
+
+_extra_releases: list[str] = []
+
+
+def derived_releases() -> tuple[str, ...]:
+    """The releases whose error calls the catalogue holds: those of ``source_errors.SHIPPED`` in the
+    wheel cache, and every release :func:`add_release` named."""
+    cached = source_errors.cached_releases()
+    return cached + tuple(v for v in _extra_releases if v not in cached)
+
+
+def add_release(version: str) -> None:
+    """Hold release ``version``'s error calls too (fetching its source if it is not cached):
+    ``forensics logs --sglang X``. The matching order is rebuilt on next use."""
+    source_errors.release_entries(version, offline=False)
+    if version not in _extra_releases and version not in derived_releases():
+        _extra_releases.append(version)
+        derived_signatures.cache_clear()
+        literals.cache_clear()
 
 
 def ordered(entries) -> tuple[Signature, ...]:
     """``entries`` in matching order: specificity, then priority, both highest first; the given
     order decides only between entries no line matches both of (a test holds that)."""
-    entries = list(entries)
-    position = {s.id: i for i, s in enumerate(entries)}
-    return tuple(sorted(entries, key=lambda s: (-s.specificity, -s.priority, position[s.id])))
+    ranked = sorted(enumerate(entries), key=lambda item: (-item[1].specificity, -item[1].priority, item[0]))
+    return tuple(signature for _index, signature in ranked)
 
 
 def aggregate_signatures() -> tuple[Signature, ...]:
     return tuple(s for s in signatures() if s.aggregate)
 
 
+@lru_cache(maxsize=1)
 def literals() -> tuple[bytes, ...]:
     """The distinct prefilter literals of the event signatures, as bytes, for scanning raw chunks."""
     return tuple(dict.fromkeys(lit.encode() for s in event_signatures() for lit in (s.prefilter or (s.literal,))))

@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 
 from forensics.exitcodes import ExitStatus
+from forensics.logs.catalogue import derived_releases, signatures
+from forensics.logs.source_errors import derived_ids
 
 SEVERITIES = ("critical", "error", "warning")
 MIN_RECOGNISED_SHARE = 0.01  # below this share of sglang/uvicorn/CPython lines, no event means nothing
@@ -47,10 +49,9 @@ class FindingClass:
 @lru_cache(maxsize=1)
 def finding_classes() -> tuple[FindingClass, ...]:
     """The classes in ``findings.toml``, checked against the signature catalogue."""
-    from forensics.logs.catalogue import signatures
 
     text = resources.files("forensics.logs").joinpath("findings.toml").read_text(encoding="utf-8")
-    known = {signature.id for signature in signatures()}
+    known = {signature.id for signature in signatures()} | set(derived_ids())
     classes = []
     claimed: dict[str, str] = {}
     for entry in tomllib.loads(text)["finding"]:
@@ -203,6 +204,11 @@ def assess(scan) -> LogAssessment:
         elif findings:
             reasons.append("only warnings: " + ", ".join(f"{f.id} (x{f.count})" for f in findings))
             word = "warnings"
+        elif not derived_releases():
+            reasons.append("sglang's own error calls are not known here (no release source in the cache), so "
+                           "an error line only they explain would read as an ordinary one: not clean without "
+                           "them (forensics logs --sglang VERSION fetches one)")
+            word = "inconclusive"
         else:
             reasons.append(f"read {recognised:,} sglang/uvicorn/CPython lines of {lines_read:,} "
                            f"({_percent(recognised, lines_read)}) in {scan.window.describe()}; nothing wrong found")
@@ -287,13 +293,15 @@ def event_classes(events: pd.DataFrame) -> pd.Series:
 
 
 STOP_EXIT_CODES = frozenset({"-15", "-9", "-2"})  # multiprocessing's exit code: minus the signal that ended the child
+SIGQUIT_FOLLOWERS = ("child_failed", "crash_diagnostics_skipped")
 STOP_FOLLOW_LINES = 5  # sglang's SIGQUIT line comes right after its watchdog's (the same handler)
 _EXIT_CODE = re.compile(r"crashed with exit code (\S+?)\. ")
 
 
 def _stop_events(events: pd.DataFrame) -> np.ndarray:
     """The events of a stop from outside: each ``subprocess_exited`` with a signal's exit code, and
-    the ``child_failed`` line its SIGQUIT makes within a few lines of it in the same source."""
+    the lines its SIGQUIT makes within a few lines of it in the same source (``child_failed``, and
+    ``crash_diagnostics_skipped`` when the handler finds no scheduler left to dump)."""
     stops = np.zeros(len(events), bool)
     if not len(events):
         return stops
@@ -310,7 +318,7 @@ def _stop_events(events: pd.DataFrame) -> np.ndarray:
         if code and code.group(1) in STOP_EXIT_CODES:
             stops[row] = True
             stopped_at.setdefault(sources[row], []).append(lines[row])
-    for row in np.flatnonzero(signature == "child_failed"):
+    for row in np.flatnonzero(np.isin(signature, SIGQUIT_FOLLOWERS)):
         if any(0 < lines[row] - line <= STOP_FOLLOW_LINES for line in stopped_at.get(sources[row], ())):
             stops[row] = True
     return stops
