@@ -40,6 +40,7 @@ from .exposition import (
     labels_dict,
     parse_exposition,
 )
+from .histograms import QUANTILES, histogram_quantiles
 from .renames import canonical_name, renames
 
 __all__ = [
@@ -494,19 +495,33 @@ class MetricsSeries:
                           style="red" if row.failed else None)
         return table
 
+    def quantiles(self, family: str, quantiles=QUANTILES) -> pd.DataFrame:
+        """Per scrape and series of histogram ``family``, its quantiles over the time since the previous
+        scrape (:func:`forensics.collectors.histograms.histogram_quantiles`: Prometheus's
+        ``histogram_quantile(q, rate(family_bucket))``)."""
+        return histogram_quantiles(self.samples, canonical_name(family), quantiles)
+
+    def is_histogram(self, metric: str) -> bool:
+        """Whether ``metric`` names a histogram family of the pages (its ``_bucket`` rows say so)."""
+        rows = self.select(f"{canonical_name(metric)}_bucket")
+        return bool(len(rows)) and bool((rows["type"] == "histogram").any())
+
     def plot(self, metric: str, *, rate: bool | None = None, ax=None):
-        """Plot one metric over time, one line per (role, host, labels); counters as rates.
+        """Plot one metric over time, one line per (role, host, labels): counters as rates, a histogram
+        family as its 50th, 90th and 99th percentiles between scrapes (never its cumulative buckets).
 
         ``rate`` defaults to True for counters (cumulative samples with rates). Returns the axes.
         """
-        rows = self.select(metric)
-        rows = rows[rows["scrape_ok"]]
-        if rate is None:
-            rate = bool(rows["rate"].notna().any())
         if ax is None:
             import matplotlib.pyplot as plt
 
             _, ax = plt.subplots(figsize=(9, 3.5))
+        if self.is_histogram(metric):
+            return self._plot_quantiles(metric, ax)
+        rows = self.select(metric)
+        rows = rows[rows["scrape_ok"]]
+        if rate is None:
+            rate = bool(rows["rate"].notna().any())
         column = "rate" if rate else "value"
         for (role, host, labels), group in rows.groupby(["role", "host", "labels"], sort=True, observed=True):
             group = group.sort_values("ts")
@@ -518,5 +533,20 @@ class MetricsSeries:
         ax.set_xlabel("time (UTC)")
         ax.set_ylabel(f"{shown} [{unit_of(shown, rate=rate)}]")
         if len(rows):
+            ax.legend(fontsize="small", loc="best")
+        return ax
+
+    def _plot_quantiles(self, metric: str, ax):
+        shown = canonical_name(metric)
+        table = self.quantiles(shown).dropna(subset=["value"])
+        for (role, host, labels, q), group in table.groupby(["role", "host", "labels", "quantile"], sort=True):
+            group = group.sort_values("ts")
+            name = f"p{q * 100:g} {role}@{host}" + (f" {{{labels}}}" if labels else "")
+            ax.plot(pd.to_datetime(group["ts"], utc=True).dt.tz_localize(None), group["value"].to_numpy(),
+                    marker=".", label=name)
+        ax.set_title(f"{shown} (quantiles between scrapes)")
+        ax.set_xlabel("time (UTC)")
+        ax.set_ylabel(f"{shown} [{unit_of(shown, rate=False)}]")
+        if len(table):
             ax.legend(fontsize="small", loc="best")
         return ax
