@@ -22,7 +22,7 @@ Three rules keep the twin from touching what it does not own or leaving things b
   (``FORENSICS_TWIN_LISTEN_FDS=port:fd,...``), so two twins started at once cannot race
   for the same port between "it was free" and "the child binds it".
 
-Fault injection (for the kill tests, documented in the README): ``FORENSICS_TWIN_FAULT=
+Fault injection (for the kill tests, documented in docs/ARCHITECTURE.md): ``FORENSICS_TWIN_FAULT=
 STEP:ACTION`` makes the launcher act at ``STEP`` (``after-prefill-started``,
 ``after-all-started``, ``after-prefill-ready``, ``before-handover``) with ``ACTION`` one of
 ``SIGKILL``, ``SIGTERM``, ``SIGINT`` (sent to itself) or ``block`` (print
