@@ -52,10 +52,12 @@ def _progress_callback(paths: list[str]):
 @click.option("--all", "show_all", is_flag=True, help="Show every event, DEBUG and INFO included.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else there.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Write the events to CSV.")
+@click.option("--each", "each_event", is_flag=True,
+              help="In the text view, one line per event instead of repeated events grouped (--json never groups).")
 @click.option("--sglang", "releases", multiple=True, metavar="VERSION",
               help="Also know the error lines this sglang release's own code writes (its source is fetched "
                    "once; the vulnerable and fixed releases in the cache are known already). Repeatable.")
-def command(paths, since, until, last, tz, role, host, year, fmt, show_all, as_json, csv_path, releases):
+def command(paths, since, until, last, tz, role, host, year, fmt, show_all, as_json, csv_path, each_event, releases):
     """Parse sglang PD logs (files, .gz, directories, journal files, journalctl output, stderr; - for stdin).
 
     Exit 0 clean (sglang lines read, nothing wrong; warnings allowed), 1 findings (critical or
@@ -113,7 +115,7 @@ def command(paths, since, until, last, tz, role, host, year, fmt, show_all, as_j
         }
 
     def human() -> None:
-        _print_human(result, assessment, events)
+        _print_human(result, assessment, events, grouped=not each_event)
 
     if csv_path:
         try:
@@ -141,8 +143,10 @@ def _write_csv(events, csv_path: str) -> None:
     events.to_csv(csv_path, index=False)
 
 
-def _print_human(result, assessment, events) -> None:
-    """The verdict first (with its evidence), then the summary, one line per event, the sources."""
+def _print_human(result, assessment, events, *, grouped: bool = True) -> None:
+    """The verdict first (with its evidence), then the summary, the events (repeats grouped unless
+    ``grouped`` is False), the sources."""
+    import pandas as pd
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -154,17 +158,23 @@ def _print_human(result, assessment, events) -> None:
     out.print(assessment)
     out.print(result.summary().__rich__())
     style = {"critical": "bold red", "error": "red", "warning": "yellow"}
-    out.print(Text(f"Events ({len(events)} shown of {len(result.events)}; whole messages: --json)", style="bold"))
-    # One line per event at any width: the room whole (an exact 64-bit id), the message cut
-    # with an ellipsis to what is left of the line.
-    shown = events.head(EVENTS_SHOWN)
-    rooms = [_cell(row, "room") for row in shown.itertuples(index=False)]
-    widths = event_widths(shown["signature"].astype("string").fillna(""), rooms)
-    for row, room in zip(shown.itertuples(index=False), rooms, strict=True):
+    rows = _event_groups(events) if grouped else [(row, 1, "", 0) for row in events.head(EVENTS_SHOWN).itertuples(index=False)]
+    what = f"{len(rows)} lines for {len(events)} events" if grouped else f"{len(rows)} shown of {len(events)}"
+    out.print(Text(f"Events ({what}; every one: --each, whole messages: --json)", style="bold"))
+    # One line per event (or group) at any width: the room whole (an exact 64-bit id), the message
+    # cut with an ellipsis to what is left of the line.
+    rooms = [_cell(row, "room") for row, *_ in rows]
+    signatures = pd.Series([_cell(row, "signature") for row, *_ in rows], dtype="string")
+    widths = event_widths(signatures, rooms)
+    for (row, count, last, distinct), room in zip(rows, rooms, strict=True):
+        message = _cell(row, "message")
+        if count > 1:
+            rooms_said = f", {distinct} rooms" if distinct > 1 else ""
+            message = f"x{count} to {last[11:19]}{rooms_said}: {message}"
         line = event_line(_cell(row, "ts")[11:19], _cell(row, "role"), _cell(row, "signature"), room,
-                          _cell(row, "message"), out.width, widths)
+                          message, out.width, widths)
         out.print(Text(line, style=style.get(row.severity, ""), no_wrap=True, overflow="ignore"))
-    if len(events) > EVENTS_SHOWN:
+    if not grouped and len(events) > EVENTS_SHOWN:
         out.print(f"... {len(events) - EVENTS_SHOWN} more events (use --json or --csv for all)")
     sources = Table(title="Sources", show_lines=False, box=box.SIMPLE_HEAD)
     # "sglang": lines recognised as sglang's, uvicorn's or CPython's; "unknown": in no known format
@@ -172,8 +182,9 @@ def _print_human(result, assessment, events) -> None:
         text_column = column in ("source", "format", "role")
         sources.add_column(column, overflow="fold", justify="left" if text_column else "right",
                            no_wrap=not text_column)
-    for row in result.sources.itertuples(index=False):
-        sources.add_row(str(row.source), str(row.format), str(row.role), f"{row.lines:,}",
+    names = _short_sources([str(source) for source in result.sources["source"]])
+    for row, name in zip(result.sources.itertuples(index=False), names, strict=True):
+        sources.add_row(name, str(row.format), str(row.role), f"{row.lines:,}",
                         f"{row.lines_recognised:,}", f"{row.lines_unknown:,}", f"{row.events:,}",
                         f"{row.batch_rows:,}")
     out.print(sources)
@@ -181,6 +192,30 @@ def _print_human(result, assessment, events) -> None:
         out.print(Text(f"note: {note}", style="dim"))
     for problem in result.problems:
         out.print(Text(f"problem: {problem}", style="yellow"))
+
+
+def _short_sources(paths: list[str]) -> list[str]:
+    """Each source by its file name when the names tell them apart (the events say file:line in full
+    in --json), else as given, so that the table fits 80 columns without folding paths."""
+    names = [Path(path).name or path for path in paths]
+    return names if len(set(names)) == len(names) else paths
+
+
+def _event_groups(events) -> list[tuple]:
+    """Repeated events as one row each: the events of one role and signature, in the order each
+    first happened, with their count, the last one's time and how many distinct rooms they name."""
+    groups: dict[tuple, list] = {}
+    for row in events.itertuples(index=False):
+        key = (_cell(row, "role"), _cell(row, "signature"))
+        found = groups.get(key)
+        if found is None:
+            groups[key] = [row, 1, _cell(row, "ts"), {_cell(row, "room")} - {""}]
+        else:
+            found[1] += 1
+            found[2] = max(found[2], _cell(row, "ts"))
+            if len(found[3]) < 10_000:
+                found[3].add(_cell(row, "room"))
+    return [(row, count, last, len(rooms - {""})) for row, count, last, rooms in groups.values()]
 
 
 def _cell(row, column: str) -> str:

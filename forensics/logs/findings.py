@@ -19,6 +19,7 @@ import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+from pathlib import PurePath
 
 import numpy as np
 import pandas as pd
@@ -96,12 +97,14 @@ class Finding:
         detail = f": {self.detail}" if self.detail else ""
         return f"{self.severity} {self.id} x{self.count}{when}{detail}"
 
-    def evidence_lines(self) -> list[str]:
-        """``source:line`` of the evidence (or the episode in words for derived classes)."""
+    def evidence_lines(self, *, short: bool = False) -> list[str]:
+        """``source:line`` of the evidence (or the episode in words for derived classes); ``short``
+        names each source by its file name (a terminal's table, where a full path folds)."""
         if "line" in self.evidence.columns:
             shown = self.evidence.head(EVIDENCE_SHOWN)
             rooms = shown["room"] if "room" in shown.columns else pd.Series(pd.NA, index=shown.index)
-            return [f"{source}:{line}" + ("" if pd.isna(room) else f" (room {int(room)})")
+            return [f"{PurePath(str(source)).name if short else source}:{line}"
+                    + ("" if pd.isna(room) else f" (room {int(room)})")
                     for source, line, room in zip(shown["source"], shown["line"], rooms)]
         return [str(text) for text in self.evidence.get("episode", pd.Series(dtype=str)).head(EVIDENCE_SHOWN)]
 
@@ -163,7 +166,7 @@ class LogAssessment:
             for column in ("severity", "class", "count", "first evidence"):
                 table.add_column(column, overflow="fold")
             for finding in self.findings:
-                lines = finding.evidence_lines()
+                lines = finding.evidence_lines(short=True)
                 table.add_row(finding.severity, finding.id, str(finding.count), lines[0] if lines else "",
                               style={"critical": "bold red", "error": "red", "warning": "yellow"}[finding.severity])
             parts.append(table)
