@@ -81,10 +81,17 @@ def check_every_output(directory: Path, groups: list[list[int | None]]) -> None:
     # CSV: plain digits, read back exactly with an explicit dtype
     back = pd.read_csv(directory / "events.csv", dtype={"room": "UInt64"})
     assert sorted(int(r) for r in back["room"].dropna()) == sorted(rooms)
-    # the terminal table (wide enough not to fold a room) names the same rooms
-    status, stdout, _ = invoke("logs", *map(str, paths), columns=250)
+    # the terminal table, one line per event (wide enough not to fold a room), names the same rooms
+    status, stdout, _ = invoke("logs", *map(str, paths), "--each", columns=250)
     for room in rooms:
         assert str(room) in stdout
+    # grouped (the default): one line for every abort, its first room whole beside the count
+    status, stdout, _ = invoke("logs", *map(str, paths), columns=250)
+    aborts = [line.split() for line in stdout.splitlines() if " decode_transfer_aborted " in line]
+    assert len(aborts) == (1 if rooms else 0), stdout
+    if rooms:
+        assert int(aborts[0][3]) in rooms
+        assert (f"x{len(rooms)}" == aborts[0][4]) if len(rooms) > 1 else not aborts[0][4].startswith("x")
 
 
 def test_room_beyond_float_precision_beside_roomless_events(tmp_path):

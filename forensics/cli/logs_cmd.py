@@ -156,7 +156,9 @@ def _print_human(result, assessment, events, *, grouped: bool = True) -> None:
 
     out = console()
     out.print(assessment)
-    out.print(result.summary().__rich__())
+    paths = [str(source) for source in result.sources["source"]]
+    names = _short_sources(paths)
+    out.print(result.summary().naming_sources(dict(zip(paths, names, strict=True))).__rich__())
     style = {"critical": "bold red", "error": "red", "warning": "yellow"}
     rows = _event_groups(events) if grouped else [(row, 1, "", 0) for row in events.head(EVENTS_SHOWN).itertuples(index=False)]
     what = f"{len(rows)} lines for {len(events)} events" if grouped else f"{len(rows)} shown of {len(events)}"
@@ -182,7 +184,6 @@ def _print_human(result, assessment, events, *, grouped: bool = True) -> None:
         text_column = column in ("source", "format", "role")
         sources.add_column(column, overflow="fold", justify="left" if text_column else "right",
                            no_wrap=not text_column)
-    names = _short_sources([str(source) for source in result.sources["source"]])
     for row, name in zip(result.sources.itertuples(index=False), names, strict=True):
         sources.add_row(name, str(row.format), str(row.role), f"{row.lines:,}",
                         f"{row.lines_recognised:,}", f"{row.lines_unknown:,}", f"{row.events:,}",

@@ -106,7 +106,10 @@ class Finding:
             return [f"{PurePath(str(source)).name if short else source}:{line}"
                     + ("" if pd.isna(room) else f" (room {int(room)})")
                     for source, line, room in zip(shown["source"], shown["line"], rooms)]
-        return [str(text) for text in self.evidence.get("episode", pd.Series(dtype=str)).head(EVIDENCE_SHOWN)]
+        shown = self.evidence.head(EVIDENCE_SHOWN)
+        if short and "bootstrap_req_first" in shown.columns:
+            return [_episode_words(episode, short=True) for episode in shown.to_dict("records")]
+        return [str(text) for text in shown.get("episode", pd.Series(dtype=str))]
 
     def to_dict(self) -> dict:
         from forensics.jsonable import frame_json
@@ -117,6 +120,18 @@ class Finding:
             "last": None if self.last is None or pd.isna(self.last) else self.last.isoformat(),
             "detail": self.detail, "evidence": frame_json(self.evidence.head(EVIDENCE_SHOWN)),
         }
+
+
+def _episode_words(episode: dict, *, short: bool = False) -> str:
+    """A bootstrap-queue episode in words; ``short`` (a terminal's table) names the source by its
+    file name and the times by the clock when both fall on one day."""
+    source, start, until = episode["source"], episode["ts"], episode["until"]
+    growth = f"#bootstrap-req {episode['bootstrap_req_first']} -> {episode['bootstrap_req_last']}"
+    if short and start.date() == until.date():
+        name = PurePath(str(source)).name if source is not None and not pd.isna(source) else source
+        return f"{name} {start:%H:%M:%S}..{until:%H:%M:%S}: {episode['batch_lines']} probe-only batches, {growth}"
+    return (f"{source}: {episode['batch_lines']} probe-only prefill batches {start.isoformat()} .. "
+            f"{until.isoformat()}, {growth}")
 
 
 @dataclass
@@ -162,9 +177,11 @@ class LogAssessment:
         parts = [Text(f"Verdict: {self.word.upper()}", style=style)]
         parts += [Text(f"  {reason}") for reason in self.reasons]
         if self.findings:
-            table = Table(show_header=True, header_style="bold", expand=False)
-            for column in ("severity", "class", "count", "first evidence"):
-                table.add_column(column, overflow="fold")
+            # The evidence takes what the terminal has left: folded into a narrow column it doubles the table.
+            table = Table(show_header=True, header_style="bold", expand=True)
+            for column in ("severity", "class", "count"):
+                table.add_column(column, overflow="fold", ratio=None)
+            table.add_column("first evidence", overflow="fold", ratio=1)
             for finding in self.findings:
                 lines = finding.evidence_lines(short=True)
                 table.add_row(finding.severity, finding.id, str(finding.count), lines[0] if lines else "",
@@ -266,7 +283,7 @@ def _find(cls: FindingClass, scan, stops: np.ndarray) -> Finding | None:
     extra = None
     if cls.derived == "health_access_errors":
         extra = _health_access_errors(scan.access, scan.events)
-    count = len(rows) + (int(extra["count"].sum()) if extra is not None else 0)
+    count = _occurrences(events.loc[mask]) + (int(extra["count"].sum()) if extra is not None else 0)
     if count == 0:
         return None
     evidence = rows.reset_index(drop=True)
@@ -282,6 +299,25 @@ def _find(cls: FindingClass, scan, stops: np.ndarray) -> Finding | None:
             first = minutes.min() if first is None else min(first, minutes.min())
             last = minutes.max() if last is None else max(last, minutes.max())
     return Finding(cls, count, evidence, first, last, detail)
+
+
+def _occurrences(rows: pd.DataFrame) -> int:
+    """How many things happened in ``rows``: an event whose line lies inside an earlier event's
+    lines in the same source (the GUARD assertion that ends a thread's death traceback) is that
+    event told twice, not a second death."""
+    if len(rows) < 2 or not {"source", "line", "raw"} <= set(rows.columns):
+        return len(rows)
+    frame = pd.DataFrame({"source": rows["source"].astype("string").fillna("").to_numpy(),
+                          "line": pd.array(rows["line"], dtype="Int64").fillna(-1).to_numpy(dtype="int64"),
+                          "lines": rows["raw"].astype("string").fillna("").str.count("\n").to_numpy(dtype="int64")})
+    count = 0
+    for _, group in frame.sort_values(["source", "line"], kind="stable").groupby("source", sort=False):
+        reach = -1
+        for line, extra in zip(group["line"].tolist(), group["lines"].tolist()):
+            if line < 0 or line > reach:
+                count += 1
+            reach = max(reach, line + extra) if line >= 0 else reach
+    return count
 
 
 def event_classes(events: pd.DataFrame) -> pd.Series:
@@ -396,10 +432,7 @@ def _bootstrap_queue_growth(cls: FindingClass, batches: pd.DataFrame) -> Finding
     if not episodes:
         return None
     evidence = pd.DataFrame(episodes)
-    evidence["episode"] = [
-        f"{e['source']}: {e['batch_lines']} probe-only prefill batches {e['ts'].isoformat()} .. "
-        f"{e['until'].isoformat()}, #bootstrap-req {e['bootstrap_req_first']} -> {e['bootstrap_req_last']}"
-        for e in episodes]
+    evidence["episode"] = [_episode_words(e) for e in episodes]
     first = evidence["ts"].min()
     last = evidence["until"].max()
     worst = max(episodes, key=lambda e: e["bootstrap_req_last"] - e["bootstrap_req_first"])

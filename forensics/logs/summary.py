@@ -42,6 +42,15 @@ class Summary:
         items = "".join(f"<li>{html.escape(s)}</li>" for s in self.sentences)
         return f"<div><b>Log summary</b><ul>{items}</ul></div>"
 
+    def naming_sources(self, names: dict[str, str]) -> Summary:
+        """The same summary with each ``source:line`` reference saying ``names[source]`` instead
+        (a terminal names files by their short names; the facts keep the full paths)."""
+        sentences = list(self.sentences)
+        for source, name in names.items():
+            if name != source:
+                sentences = [s.replace(f"{source}:", f"{name}:") for s in sentences]
+        return Summary(self.facts, sentences)
+
     def __rich__(self):
         from rich.panel import Panel
         from rich.text import Text
