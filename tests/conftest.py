@@ -19,9 +19,10 @@ LIVE_INVENTORY_ENV = "PD_FORENSICS_LIVE_INVENTORY"
 
 # The fast lane (``./run test fast``, i.e. ``pytest --fast-lane``): the inner loop, under 3
 # minutes on 2 cores. It leaves out what starts a server (sshd, prometheus, a twin, a sandbox
-# engine, the real engine), and runs a test written once per release on the release the
-# incident is about and the first fixed one only; the full suite (CI) runs every release.
-FAST_LANE_SKIPS = ("slow", "live", "server", "engine")
+# engine, the real engine) and the thorough variations (every kill point, long fuzz runs), and
+# runs a test written once per release on the release the incident is about and the first fixed
+# one only; the full suite (CI) runs every release.
+FAST_LANE_SKIPS = ("slow", "live", "server", "engine", "thorough")
 FAST_LANE_RELEASES = {"0.5.15", "0.5.16"}
 RELEASE_IN_ID = re.compile(r"(?<![\w.])\d+\.\d+\.\d+(?:\.post\d+)?(?![\w.])")
 

@@ -243,6 +243,7 @@ def test_parse_size():
 # ------------------------------------------------------------------ the benchmark itself
 
 
+@pytest.mark.thorough  # the benchmark script end to end on a small corpus: CI
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(shutil.which("grep") is None, reason="GNU grep not installed")
 def test_throughput_benchmark_ci_sized(tmp_path):

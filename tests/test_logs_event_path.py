@@ -209,6 +209,7 @@ def test_many_small_chunks(tmp_path, monkeypatch):
     assert scan.sources["lines"].iloc[0] == path.read_bytes().count(b"\n")
 
 
+@pytest.mark.thorough  # the benchmark script end to end on both small corpora: CI
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(shutil.which("grep") is None, reason="GNU grep not installed")
 def test_throughput_benchmark_measures_both_corpora(tmp_path):

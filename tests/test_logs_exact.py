@@ -132,6 +132,7 @@ def test_trigger_of_the_generated_incident_is_exact(tmp_path):
     assert incident.trigger_room in set(int(r) for r in scan.events["room"].dropna())
 
 
+@pytest.mark.thorough  # 25 random groups through every output (15 s): CI; the cases above are in every run
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(st.one_of(st.none(), st.integers(0, 2**64 - 1), st.sampled_from(NEAR_TOP)),
                          min_size=1, max_size=6), min_size=1, max_size=3))

@@ -31,6 +31,9 @@ from forensics.collectors.prometheus_api import PrometheusAPI, PrometheusQueryEr
 MiB = 1024 * 1024
 RUN_TIMEOUT_S = 240  # a child that never ends fails the test here, never hangs it
 
+# Trickling and oversized HTTP servers and a mute TCP listener, started here: not the fast lane.
+pytestmark = pytest.mark.server
+
 
 def _inventory(tmp_path: Path, url: str, *, host: str = "local", hosts_table: str = "") -> Path:
     """A prefill and a decode on ``host`` whose URL is ``url`` (no twin, no processes, no logs)."""

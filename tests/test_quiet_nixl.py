@@ -36,6 +36,7 @@ def _idle_share(delay: str) -> float:
     return json.loads(done.stdout.strip().splitlines()[-1])["cpu_share"]
 
 
+@pytest.mark.thorough  # watches a NIXL agent's CPU time for seconds: CI
 @pytest.mark.timeout(300)
 def test_an_idle_agent_does_not_hold_a_core():
     quiet = _idle_share(str(quiet_nixl.PROGRESS_DELAY_US))

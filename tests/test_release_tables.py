@@ -256,6 +256,7 @@ def test_guard_line_is_read_from_the_source(version):
     assert {"0.5.13": 1850, "0.5.15": 2349}.get(version, site.line) == site.line
 
 
+@pytest.mark.thorough  # reads every release's metric sources (27 s): CI, not the fast lane
 def test_renames_table_agrees_with_the_sources():
     """collectors/renames.toml is read by scrapers that never see a wheel; the sources hold it to account."""
     import tomllib
