@@ -127,11 +127,12 @@ def _episode_words(episode: dict, *, short: bool = False) -> str:
     file name and the times by the clock when both fall on one day."""
     source, start, until = episode["source"], episode["ts"], episode["until"]
     growth = f"#bootstrap-req {episode['bootstrap_req_first']} -> {episode['bootstrap_req_last']}"
-    if short and start.date() == until.date():
-        name = PurePath(str(source)).name if source is not None and not pd.isna(source) else source
-        return f"{name} {start:%H:%M:%S}..{until:%H:%M:%S}: {episode['batch_lines']} probe-only batches, {growth}"
-    return (f"{source}: {episode['batch_lines']} probe-only prefill batches {start.isoformat()} .. "
-            f"{until.isoformat()}, {growth}")
+    if not short:
+        return (f"{source}: {episode['batch_lines']} probe-only prefill batches {start.isoformat()} .. "
+                f"{until.isoformat()}, {growth}")
+    name = PurePath(str(source)).name if source is not None and not pd.isna(source) else source
+    when = f"{start:%H:%M:%S}..{until:%H:%M:%S}" if start.date() == until.date() else f"{start.isoformat()}..{until.isoformat()}"
+    return f"{name} {when}: {episode['batch_lines']} probe-only batches, {growth}"
 
 
 @dataclass
@@ -180,7 +181,7 @@ class LogAssessment:
             # The evidence takes what the terminal has left: folded into a narrow column it doubles the table.
             table = Table(show_header=True, header_style="bold", expand=True)
             for column in ("severity", "class", "count"):
-                table.add_column(column, overflow="fold", ratio=None)
+                table.add_column(column, overflow="fold")
             table.add_column("first evidence", overflow="fold", ratio=1)
             for finding in self.findings:
                 lines = finding.evidence_lines(short=True)
@@ -283,7 +284,8 @@ def _find(cls: FindingClass, scan, stops: np.ndarray) -> Finding | None:
     extra = None
     if cls.derived == "health_access_errors":
         extra = _health_access_errors(scan.access, scan.events)
-    count = _occurrences(events.loc[mask]) + (int(extra["count"].sum()) if extra is not None else 0)
+    told = events.loc[mask, [c for c in ("source", "line", "raw") if c in events.columns]]
+    count = _occurrences(told) + (int(extra["count"].sum()) if extra is not None else 0)
     if count == 0:
         return None
     evidence = rows.reset_index(drop=True)
@@ -307,17 +309,14 @@ def _occurrences(rows: pd.DataFrame) -> int:
     event told twice, not a second death."""
     if len(rows) < 2 or not {"source", "line", "raw"} <= set(rows.columns):
         return len(rows)
-    frame = pd.DataFrame({"source": rows["source"].astype("string").fillna("").to_numpy(),
-                          "line": pd.array(rows["line"], dtype="Int64").fillna(-1).to_numpy(dtype="int64"),
-                          "lines": rows["raw"].astype("string").fillna("").str.count("\n").to_numpy(dtype="int64")})
-    count = 0
-    for _, group in frame.sort_values(["source", "line"], kind="stable").groupby("source", sort=False):
-        reach = -1
-        for line, extra in zip(group["line"].tolist(), group["lines"].tolist()):
-            if line < 0 or line > reach:
-                count += 1
-            reach = max(reach, line + extra) if line >= 0 else reach
-    return count
+    line = pd.array(rows["line"], dtype="Int64").fillna(-1).to_numpy(dtype="int64")
+    frame = pd.DataFrame({"source": rows["source"].astype("string").fillna("").to_numpy(), "line": line,
+                          "end": line + rows["raw"].astype("string").fillna("").str.count("\n").to_numpy(dtype="int64")})
+    frame = frame.sort_values(["source", "line"], kind="stable")
+    # The furthest line any earlier event of the same source reaches; a line without a number stands alone.
+    reached = frame["end"].where(frame["line"] >= 0, -1).groupby(frame["source"]).cummax()
+    before = reached.groupby(frame["source"]).shift(1, fill_value=-1)
+    return int(((frame["line"] < 0) | (frame["line"] > before)).sum())
 
 
 def event_classes(events: pd.DataFrame) -> pd.Series:
