@@ -61,6 +61,21 @@ def test_transfer_timeouts_alone_are_findings(tmp_path):
     assert document["verdict"]["findings"][0]["evidence"][0]["line"] == 6
 
 
+def test_the_findings_table_names_files_as_the_sources_table_does(tmp_path):
+    # Two hosts' files of one name: a bare "decode.log:6" would not say which host's line it is.
+    for host in ("host-a", "host-b"):
+        (tmp_path / host).mkdir()
+        (tmp_path / host / "decode.log").write_text(
+            "\n".join(steady(5) + [timeout_line(10 + i, ROOMS[i % 3] + i) for i in range(4)]) + "\n")
+    done = run_cli("logs", str(tmp_path / "host-a" / "decode.log"), str(tmp_path / "host-b" / "decode.log"))
+    assert done.returncode == 1, done.stderr
+    (row,) = [line for line in done.stdout.splitlines() if "request_timeouts" in line and "│" in line]
+    assert f"{tmp_path / 'host-a' / 'decode.log'}:6" in row, row
+    alone = run_cli("logs", str(tmp_path / "host-a" / "decode.log"))
+    (row,) = [line for line in alone.stdout.splitlines() if "request_timeouts" in line and "│" in line]
+    assert " decode.log:6 " in row and str(tmp_path) not in row, row
+
+
 def probe_lines(count: int, step_s: float, start_queue: int) -> list[str]:
     return [prefixed(60 + i * step_s, gen.prefill_batch_line("0.5.15", 1, 1, 0, 0, start_queue + i, 0, 0.05))
             for i in range(count)]

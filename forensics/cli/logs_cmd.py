@@ -155,10 +155,11 @@ def _print_human(result, assessment, events, *, grouped: bool = True) -> None:
     from forensics.logs.timeline import event_line, event_widths
 
     out = console()
-    out.print(assessment)
     paths = [str(source) for source in result.sources["source"]]
     names = _short_sources(paths)
-    out.print(result.summary().naming_sources(dict(zip(paths, names, strict=True))).__rich__())
+    naming = dict(zip(paths, names, strict=True))
+    out.print(assessment.naming_sources(naming))
+    out.print(result.summary().naming_sources(naming).__rich__())
     style = {"critical": "bold red", "error": "red", "warning": "yellow"}
     rows = _event_groups(events) if grouped else [(row, 1, "", 0) for row in events.head(EVENTS_SHOWN).itertuples(index=False)]
     what = f"{len(rows)} lines for {len(events)} events" if grouped else f"{len(rows)} shown of {len(events)}"

@@ -16,7 +16,8 @@ from __future__ import annotations
 import html
 import re
 import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import PurePath
@@ -97,18 +98,18 @@ class Finding:
         detail = f": {self.detail}" if self.detail else ""
         return f"{self.severity} {self.id} x{self.count}{when}{detail}"
 
-    def evidence_lines(self, *, short: bool = False) -> list[str]:
+    def evidence_lines(self, *, short: bool = False, names: Mapping[str, str] | None = None) -> list[str]:
         """``source:line`` of the evidence (or the episode in words for derived classes); ``short``
-        names each source by its file name (a terminal's table, where a full path folds)."""
+        names each source as ``names`` says (a terminal's table, where a full path folds), by its
+        file name when ``names`` is not given."""
+        shown = self.evidence.head(EVIDENCE_SHOWN)
         if "line" in self.evidence.columns:
-            shown = self.evidence.head(EVIDENCE_SHOWN)
             rooms = shown["room"] if "room" in shown.columns else pd.Series(pd.NA, index=shown.index)
-            return [f"{PurePath(str(source)).name if short else source}:{line}"
+            return [f"{_source_name(source, names) if short else source}:{line}"
                     + ("" if pd.isna(room) else f" (room {int(room)})")
                     for source, line, room in zip(shown["source"], shown["line"], rooms)]
-        shown = self.evidence.head(EVIDENCE_SHOWN)
         if short and "bootstrap_req_first" in shown.columns:
-            return [_episode_words(episode, short=True) for episode in shown.to_dict("records")]
+            return [_episode_words(episode, short=True, names=names) for episode in shown.to_dict("records")]
         return [str(text) for text in shown.get("episode", pd.Series(dtype=str))]
 
     def to_dict(self) -> dict:
@@ -122,17 +123,25 @@ class Finding:
         }
 
 
-def _episode_words(episode: dict, *, short: bool = False) -> str:
-    """A bootstrap-queue episode in words; ``short`` (a terminal's table) names the source by its
-    file name and the times by the clock when both fall on one day."""
+def _source_name(source, names: Mapping[str, str] | None) -> str:
+    """How a terminal names a source: as ``names`` maps it, else by its file name."""
+    if source is None or pd.isna(source):
+        return str(source)
+    if names is not None and str(source) in names:
+        return names[str(source)]
+    return PurePath(str(source)).name
+
+
+def _episode_words(episode: dict, *, short: bool = False, names: Mapping[str, str] | None = None) -> str:
+    """A bootstrap-queue episode in words; ``short`` (a terminal's table) names the source as
+    ``_source_name`` does and the times by the clock when both fall on one day."""
     source, start, until = episode["source"], episode["ts"], episode["until"]
     growth = f"#bootstrap-req {episode['bootstrap_req_first']} -> {episode['bootstrap_req_last']}"
     if not short:
         return (f"{source}: {episode['batch_lines']} probe-only prefill batches {start.isoformat()} .. "
                 f"{until.isoformat()}, {growth}")
-    name = PurePath(str(source)).name if source is not None and not pd.isna(source) else source
     when = f"{start:%H:%M:%S}..{until:%H:%M:%S}" if start.date() == until.date() else f"{start.isoformat()}..{until.isoformat()}"
-    return f"{name} {when}: {episode['batch_lines']} probe-only batches, {growth}"
+    return f"{_source_name(source, names)} {when}: {episode['batch_lines']} probe-only batches, {growth}"
 
 
 @dataclass
@@ -144,6 +153,13 @@ class LogAssessment:
     findings: list[Finding] = field(default_factory=list)
     lines_read: int = 0
     lines_recognised: int = 0
+    # How the terminal view names each source (``naming_sources``); the JSON and frames keep paths.
+    source_names: Mapping[str, str] | None = field(default=None, repr=False)
+
+    def naming_sources(self, names: Mapping[str, str]) -> LogAssessment:
+        """The same assessment, its terminal view naming each source ``names[source]`` (the names
+        the sources table uses, full paths where file names collide)."""
+        return replace(self, source_names=dict(names))
 
     @property
     def exit_status(self) -> ExitStatus:
@@ -184,7 +200,7 @@ class LogAssessment:
                 table.add_column(column, overflow="fold")
             table.add_column("first evidence", overflow="fold", ratio=1)
             for finding in self.findings:
-                lines = finding.evidence_lines(short=True)
+                lines = finding.evidence_lines(short=True, names=self.source_names)
                 table.add_row(finding.severity, finding.id, str(finding.count), lines[0] if lines else "",
                               style={"critical": "bold red", "error": "red", "warning": "yellow"}[finding.severity])
             parts.append(table)
