@@ -78,6 +78,7 @@ FRAMES = (
     "processes",  # engine processes found: engine, role, host, pid, start_time, cmdline
     "threads",  # py-spy dumps: one row per thread
     "thread_check",  # expected threads against the dumps
+    "logged_threads",  # expected threads against the dumps sglang printed into its logs (of_process: running/earlier/unknown)
     "events",  # log events (forensics.logs EVENTS schema) from every engine's log
     "log_findings",  # forensics.logs findings over the window
     "settings",  # versions, PD env and server args (redacted)

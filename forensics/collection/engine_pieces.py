@@ -250,7 +250,7 @@ def collect_engine(inventory, engine, options, bounds, releases: ReleaseCache) -
         result.gaps.append(Gap("threads", label, f"no thread dump: {why}"))
     if "logs" in options.pieces:
         try:
-            _logs(host, engine, options, bounds, result)
+            _logs(host, engine, options, bounds, result, _LogContext(version, backend, procs, releases))
         except Exception as exc:  # noqa: BLE001
             result.gaps.append(_bug("logs", label, exc))
     return result
@@ -394,7 +394,17 @@ def _threads(host, engine, procs, version, backend, options, releases: ReleaseCa
     result.add("thread_check", frame)
 
 
-def _logs(host, engine, options, bounds, result: PieceResult) -> None:
+@dataclass(frozen=True)
+class _LogContext:
+    """What the engine's other pieces found that its log's thread dumps are checked with."""
+
+    version: str | None
+    backend: str | None
+    processes: list  # the engine's running processes (pid, start_time), [] when none was found
+    releases: ReleaseCache
+
+
+def _logs(host, engine, options, bounds, result: PieceResult, context: _LogContext) -> None:
     from forensics.logs import scan
     from forensics.logs.findings import assess
     from forensics.logs.remote import host_log_source
@@ -416,6 +426,8 @@ def _logs(host, engine, options, bounds, result: PieceResult) -> None:
     events = logscan.events.copy()
     events.insert(0, "engine", pd.array([engine.name] * len(events), dtype="string"))
     result.add("events", events)
+    if engine.role in ("prefill", "decode"):
+        _logged_threads(engine, logscan, context, result)
     assessment = assess(logscan)
     if assessment.findings:
         result.add("log_findings", pd.DataFrame({
@@ -426,6 +438,63 @@ def _logs(host, engine, options, bounds, result: PieceResult) -> None:
             "first": pd.Series([f.first for f in assessment.findings], dtype="datetime64[ns, UTC]"),
             "last": pd.Series([f.last for f in assessment.findings], dtype="datetime64[ns, UTC]"),
             "detail": pd.array([f.detail or f.cls.meaning for f in assessment.findings], dtype="string")}))
+
+
+def _logged_threads(engine, logscan, context: _LogContext, result: PieceResult) -> None:
+    """The scheduler dumps sglang printed into the log (its watchdog's py-spy, a fatal signal's
+    faulthandler) against the release's threads: evidence even where py-spy cannot run now. Each
+    row says whether the dump is of a process running now (``of_process``)."""
+    from forensics.threads.filecheck import NOT_CHECKED, check_dump
+
+    dumps = logscan.thread_dumps()
+    if not dumps:
+        return
+    if not context.version or not context.backend:
+        result.gaps.append(Gap("threads", engine.label, f"{len(dumps)} thread dump(s) in the log, but no release or "
+                               "backend known to check them against", "set sglang and backend in [deployment]",
+                               partial=True))
+        return
+    try:
+        expected = context.releases.expected(context.version, context.backend)
+    except Exception as exc:  # noqa: BLE001 - the release may not be fetchable offline
+        result.gaps.append(Gap("threads", engine.label, f"{len(dumps)} thread dump(s) in the log not checked: expected "
+                               f"threads of sglang {context.version} {context.backend} unknown: {exc}",
+                               "run once with network access so the release's source is cached", partial=True))
+        return
+    started = {int(p.pid): p.start_time for p in context.processes if getattr(p, "pid", None) is not None}
+    rows = []
+    for dump in dumps:
+        checked = check_dump(dump, expected, engine.role)
+        if checked.status == NOT_CHECKED:
+            continue  # another process's dump (the HTTP server's, the detokenizer's): no KV threads there
+        logged_at = pd.Timestamp(dump.logged_at) if dump.logged_at is not None else pd.NaT
+        of_process, why = _dumped_process(dump.pid, logged_at, started)
+        for row in checked.rows:
+            rows.append({"engine": engine.name, **row, "dump_status": checked.status, "logged_at": logged_at,
+                         "of_process": of_process, "of_process_why": why})
+    if rows:
+        frame = pd.DataFrame(rows)
+        for column in ("line", "pid", "found"):
+            frame[column] = pd.array([r[column] for r in rows], dtype="Int64")
+        frame["logged_at"] = pd.to_datetime(frame["logged_at"], utc=True)
+        result.add("logged_threads", frame)
+
+
+def _dumped_process(pid, logged_at, started: dict) -> tuple[str, str]:
+    """``running`` when the dump is of an engine process running now (its pid, logged after that
+    process started), ``earlier`` when it cannot be, else ``unknown``, with the reason."""
+    if pid is None:
+        return "unknown", "the dump names no pid (faulthandler's never does)"
+    if not started:
+        return "unknown", "no engine process was found to compare its pid with"
+    if int(pid) not in started:
+        return "earlier", f"pid {pid} is not an engine process now (running: {', '.join(map(str, sorted(started)))})"
+    start = started[int(pid)]
+    if pd.isna(logged_at) or start is None or pd.isna(start):
+        return "running", f"pid {pid} runs now (the log line before the dump has no time to set against its start)"
+    if logged_at < pd.Timestamp(start).floor("s"):
+        return "earlier", f"logged before pid {pid} started at {pd.Timestamp(start).isoformat()} (an earlier process)"
+    return "running", f"pid {pid} runs now and started before the dump was logged"
 
 
 def _log_fix(text: str) -> str | None:

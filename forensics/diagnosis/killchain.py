@@ -40,6 +40,9 @@ def kill_chain(evidence: Evidence, signals: list[Signal], verdict: str) -> list[
     missing = next((s for s in signals if s.name == "bootstrap_thread_missing"), None)
     if missing is not None:
         steps.append(f"thread dump: {missing.says}")
+    logged = next((s for s in signals if s.name == "bootstrap_thread_missing_logged"), None)
+    if logged is not None and missing is None:  # sglang's own dump says it where py-spy was not run now
+        steps.append(f"logged thread dump: {logged.says}")
     lies = next((s for s in signals if s.name == "health_lies"), None)
     if lies is not None:
         steps.append(f"no request completes since: {lies.says}")

@@ -208,7 +208,7 @@ def thread_signals(evidence: Evidence) -> list[Signal]:
     """Expected threads (read from the release's source) missing from an engine's dump."""
     check = evidence.frame("thread_check")
     if check is None or not len(check):
-        return []
+        return logged_thread_signals(evidence)
     out = []
     missing = check[check["status"] == "missing"]
     for _, row in missing.iterrows():
@@ -219,6 +219,35 @@ def thread_signals(evidence: Evidence) -> list[Signal]:
         out.append(Signal("bootstrap_thread_missing" if bootstrap else "thread_missing", "threads", str(row["engine"]),
                           "wedge" if bootstrap else "degraded", says, row.get("taken_at"),
                           rows(same, ["pid", "logical_name", "thread_name", "expected", "found", "status", "source"])))
+    return out + logged_thread_signals(evidence)
+
+
+def logged_thread_signals(evidence: Evidence) -> list[Signal]:
+    """Threads missing from a dump sglang printed into its own log (its watchdog's py-spy, a fatal
+    signal's faulthandler): a wedge signal when the dump is of the prefill scheduler running now,
+    history when it is of an earlier process or cannot be placed."""
+    logged = evidence.frame("logged_threads")
+    if logged is None or not len(logged):
+        return []
+    out = []
+    missing = logged[logged["status"] == "missing"]
+    for (engine, source, line), group in missing.groupby(["engine", "source", "line"], sort=False):
+        first = group.iloc[0]
+        names = ", ".join(dict.fromkeys(str(n) for n in group["thread_name"]))
+        at = first["logged_at"]
+        when = "at an unknown time" if pd.isna(at) else f"after {pd.Timestamp(at).isoformat()}"
+        pid = "pid unknown" if pd.isna(first["pid"]) else f"pid {int(first['pid'])}"
+        says = (f"{names} missing from the {first['role']} scheduler's dump sglang logged {when} ({pid}; "
+                f"{first['format']}) [{source}:{int(line)}]: {first['of_process_why']}")
+        bootstrap = bool(((group["logical_name"] == "bootstrap") & (group["role"] == "prefill")).any())
+        current = first["of_process"] == "running"
+        name = ("bootstrap_thread_missing_logged" if bootstrap else "thread_missing_logged") if current \
+            else "old_logged_dump"
+        kind = ("wedge" if bootstrap else "degraded") if current else "context"
+        columns = ["source", "line", "pid", "logged_at", "logical_name", "thread_name", "expected", "found",
+                   "status", "of_process"]
+        same = logged[(logged["engine"] == engine) & (logged["source"] == source) & (logged["line"] == line)]
+        out.append(Signal(name, "threads", str(engine), kind, says, None if pd.isna(at) else at, rows(same, columns)))
     return out
 
 

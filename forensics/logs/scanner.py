@@ -118,6 +118,14 @@ class SourceResult:
     lines_recognised: int = 0  # sglang-prefixed, uvicorn and CPython traceback lines
     first_time: tuple | None = None  # (kind, value) of the first timed line
     last_time: tuple | None = None  # (kind, value) of the last timed line
+    # Thread dumps printed into the log (py-spy's text after sglang's "Pyspy dump for PID N",
+    # faulthandler's): (line of the line before the dump, that line and the dump's, redacted).
+    dump_excerpts: list[tuple[int, str]] = field(default_factory=list)
+    dump_bytes: int = 0
+
+
+DUMP_BYTES_KEPT = 16 * 1024 * 1024  # of thread dumps per source (a 200-thread dump is about 100 KiB)
+DUMP_FOREIGN_LINES = 20  # lines in no dump format, in a row, that a dump is read on through (damage)
 
 
 def _after_progress_bar(line: bytes) -> bool:
@@ -171,6 +179,10 @@ class SourceScanner(BatchLineScan, AccessLineScan):
         self.fast_shapes: list[batchlines.Shape] = []
         self.fast_origins: dict[bytes, int] = {}
         self.fast_origin_names: list[tuple[str, str]] = []
+        self.dump: list[bytes] | None = None  # the thread dump being read, its line before it first
+        self.dump_line = 0  # the line number of self.dump's first line
+        self.dump_foreign = 0  # lines in a row inside it in no dump format (a damaged dump's)
+        self.before_dump: tuple[int, bytes] = (0, b"")  # the last non-blank line outside a dump
 
     # ------------------------------------------------------------------ chunk
     def feed(self, chunk: Chunk) -> None:
@@ -243,6 +255,9 @@ class SourceScanner(BatchLineScan, AccessLineScan):
             known += slow_known + access_count
         if known < n_lines:
             self._walk_unknown(data, consumed)
+        elif self.fmt == "plain":
+            self._end_dump()  # every line of this chunk is a log line: no dump goes on through it
+            self._remember_line_before_dump(data, self.line_base + n_lines)
         for block in self.blocks.expire(self.line_base + n_lines):
             self._emit_block(block)
         if self.result.first_time is None:
@@ -600,27 +615,68 @@ class SourceScanner(BatchLineScan, AccessLineScan):
         line_no = self.line_base
         samples = self.result.unknown_samples
         warning_lines = 0  # > 0: inside a Python warning, before its source line
-        in_dump = False  # inside a thread dump (py-spy's text or faulthandler's): its lines are known
         while position < len(data):
             end = data.find(b"\n", position)
             line_no += 1
             line = data[position:end].rstrip(b"\r")
             if self.fmt == "plain" and (PYTHON_WARNING.match(line) or _after_progress_bar(line)):
                 warning_lines = WARNING_MAX_LINES
+                self._end_dump()
             elif warning_lines and WARNING_SOURCE.match(line):
                 warning_lines -= 1  # the warning's indented message lines and its source line
-            elif self.fmt == "plain" and (THREAD_DUMP_OPENER.match(line)
-                                          or (in_dump and (not line.strip() or THREAD_DUMP_LINE.match(line)))):
+            elif self.fmt == "plain" and (THREAD_DUMP_OPENER.match(line) or (
+                    self.dump is not None and (not line.strip() or THREAD_DUMP_LINE.match(line)))):
+                # A dump's lines are known; the dump itself is kept for the threads it shows.
                 warning_lines = 0
-                in_dump = True  # `forensics threads check` reads these dumps; here they are only lines
+                self._dump_line(line_no, line)
             else:
                 warning_lines = 0
-                in_dump = False
-                if position not in consumed and not self._known_line(line):
+                known = position in consumed or self._known_line(line)
+                if not known:
                     self.result.lines_unknown += 1
                     if len(samples) < UNKNOWN_SAMPLES:
                         samples.append((line_no, line[:200].decode("utf-8", "replace").replace("\x00", "\ufffd")))
+                if self.dump is not None and not known and self.dump_foreign < DUMP_FOREIGN_LINES:
+                    self.dump.append(line)  # a damaged dump: the reader names this line
+                    self.dump_foreign += 1
+                else:
+                    self._end_dump()
+                    if line.strip():
+                        self.before_dump = (line_no, line)
             position = end + 1
+
+    def _dump_line(self, line_no: int, line: bytes) -> None:
+        if self.dump is None:
+            before_no, before = self.before_dump
+            # The line just before the dump (sglang's "Pyspy dump for PID N (...)" with its time).
+            adjacent = before_no and line_no - before_no <= 2
+            self.dump, self.dump_line = ([before], before_no) if adjacent else ([], line_no)
+        self.dump.append(line)
+        self.dump_foreign = 0
+
+    def _end_dump(self) -> None:
+        dump, self.dump = self.dump, None
+        if dump is None:
+            return
+        if self.dump_foreign:  # the lines in no dump format after its last line are not the dump's
+            del dump[-self.dump_foreign:]
+        while dump and not dump[-1].strip():
+            dump.pop()
+        self.dump_foreign = 0
+        text = b"\n".join(dump).decode("utf-8", "replace")
+        result = self.result
+        if result.dump_bytes + len(text) > DUMP_BYTES_KEPT:
+            result.problems.append(Problem(self.source.label, self.dump_line, (
+                f"thread dump of {len(dump)} lines not kept: this source's dumps passed {DUMP_BYTES_KEPT:,} bytes")))
+            return
+        result.dump_bytes += len(text)
+        result.dump_excerpts.append((self.dump_line, redact_text(text)))
+
+    def _remember_line_before_dump(self, data: bytes, last_line_no: int) -> None:
+        """The chunk's last line, for a dump that starts the next chunk (when this one was not walked)."""
+        end = len(data.rstrip(b"\r\n"))
+        if end:
+            self.before_dump = (last_line_no, data[data.rfind(b"\n", 0, end) + 1:end].rstrip(b"\r"))
 
     def _known_line(self, line: bytes) -> bool:
         if not line.strip():
@@ -640,6 +696,7 @@ class SourceScanner(BatchLineScan, AccessLineScan):
             self.result.last_time = found
 
     def finish(self) -> SourceResult:
+        self._end_dump()
         if self.pending_block is not None:
             self._emit_block(self.pending_block)
             self.pending_block = None

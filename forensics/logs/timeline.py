@@ -49,6 +49,27 @@ class LogScan:
     unknown_samples: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     window: timewindow.Window = field(default_factory=timewindow.Window)
     span: tuple = (None, None)  # first and last timed line of all sources (UTC), before the window
+    # Thread dumps printed into the logs: (source, line, text), read by ``thread_dumps``.
+    dump_excerpts: list[tuple[str, int, str]] = field(default_factory=list, repr=False)
+    tz: str = "UTC"  # the zone the scan read times without one in
+
+    def thread_dumps(self):
+        """The thread dumps these logs hold (sglang's own "Pyspy dump for PID N" blocks, a
+        faulthandler dump on a fatal signal), as ``forensics threads check`` reads them: a list of
+        :class:`forensics.threads.textdump.ReadDump`, those logged outside the window left out
+        (an untimed one is kept, as untimed events are)."""
+        from forensics.threads.textdump import read_dump_text
+
+        dumps = []
+        for source, line, text in self.dump_excerpts:
+            for dump in read_dump_text(text, source=source, first_line=line, tz=self.tz):
+                if dump.logged_at is not None and not self.window.empty:
+                    at = pd.Timestamp(dump.logged_at)
+                    if (self.window.since is not None and at < self.window.since) or (
+                            self.window.until is not None and at > self.window.until):
+                        continue
+                dumps.append(dump)
+        return dumps
 
     @property
     def lines_total(self) -> int:
@@ -334,6 +355,7 @@ def _span(results: list[SourceResult], tz: str) -> tuple[pd.Timestamp | None, pd
 def _assemble(results: list[SourceResult], problems, notes, bounds: timewindow.Window, tz) -> LogScan:
     event_frames, batch_frames, access_frames, source_rows = [], [], [], []
     samples = {}
+    excerpts = [(result.source.label, line, text) for result in results for line, text in result.dump_excerpts]
     for result in results:
         role = _source_role(result)
         explicit_role = result.source.role
@@ -369,7 +391,7 @@ def _assemble(results: list[SourceResult], problems, notes, bounds: timewindow.W
                                                  "lines_recognised", "events", "batch_rows", "access_lines"])
     events.attrs["problems"] = [str(p) for p in problems]
     return LogScan(events=events, batches=batches, access=access, sources=sources, problems=problems,
-                   notes=notes, unknown_samples=samples, window=bounds, span=span)
+                   notes=notes, unknown_samples=samples, window=bounds, span=span, dump_excerpts=excerpts, tz=tz)
 
 
 def _concat(frames: list[pd.DataFrame], columns: dict[str, str]) -> pd.DataFrame:

@@ -236,7 +236,8 @@ def _root_cause(x: _Inputs) -> Section:
     else:
         blocks.append(Para("No handler diff in the investigation: the code-level cause is not shown here "
                            "(add one with `forensics handlers diff --out DIR` and Investigation.add_handler_diff)."))
-    deaths = _signals(x, "thread_death_logged") + _signals(x, "bootstrap_thread_missing")
+    deaths = (_signals(x, "thread_death_logged") + _signals(x, "bootstrap_thread_missing")
+              + _signals(x, "bootstrap_thread_missing_logged"))
     if deaths:
         blocks.append(Para("What the evidence shows the cause did:"))
         blocks.append(Bullets(tuple(f"[{s.get('source')}] {s.get('engine')}: {s.get('says')}" for s in deaths)))
@@ -383,7 +384,8 @@ def _actions(x: _Inputs) -> Section:
     if _signals(x, "health_lies") or (_health_ok(x) and x.verdict.get("verdict") == "WEDGED"):
         rows.append(("Alert on a real one-token liveness request and on the bootstrap thread, not on /health",
                      "detect", "", "health 200 while WEDGED (detection)"))
-    if _signals(x, "bootstrap_thread_missing") or _signals(x, "thread_death_logged"):
+    if (_signals(x, "bootstrap_thread_missing") or _signals(x, "thread_death_logged")
+            or _signals(x, "bootstrap_thread_missing_logged")):
         rows.append(("Restart the prefill automatically when its bootstrap thread is gone", "mitigate", "",
                      "bootstrap thread death (kill chain)"))
     passed = [n for n, c in sorted(x.campaigns.items()) if c.get("campaign") == "PASS"]

@@ -168,8 +168,10 @@ def read_dump_file(path: str | Path) -> list[ReadDump]:
     return read_dump_text(text, source=str(path))
 
 
-def read_dump_text(text: str, *, source: str = "<text>") -> list[ReadDump]:
-    """The dumps in ``text`` (see the module docstring); ``source`` names it in every line reference."""
+def read_dump_text(text: str, *, source: str = "<text>", first_line: int = 1, tz: str = "UTC") -> list[ReadDump]:
+    """The dumps in ``text`` (see the module docstring); ``source`` names it in every line reference,
+    ``first_line`` is the number of the text's first line there (an excerpt of a log), and ``tz``
+    the zone sglang's prefix times are in (the log scan's)."""
     stripped = text.lstrip()
     if re.match(r"\[\s*(\{|\])", stripped):  # a JSON list (a log line starts "[2026-...")
         try:
@@ -180,7 +182,15 @@ def read_dump_text(text: str, *, source: str = "<text>") -> list[ReadDump]:
         if not (isinstance(data, list) and data and all(isinstance(t, dict) and "thread_id" in t for t in data)):
             raise DumpFileError(f"{source}: a JSON list, but not of py-spy's threads (each needs a thread_id)")
         return [_json_dump(data, source)]
-    return [_to_dump(block, source) for block in _blocks(text.splitlines(), source)]
+    dumps = [_to_dump(block, source) for block in _blocks(text.splitlines(), source, first_line)]
+    if tz != "UTC":
+        for dump in dumps:
+            if dump.logged_at is not None:
+                local = pd.Timestamp(dump.logged_at.replace(tzinfo=None)).tz_localize(tz)
+                dump.logged_at = local.tz_convert("UTC").to_pydatetime()
+                dump.frame["taken_at"] = pd.Series([dump.logged_at] * len(dump.frame), index=dump.frame.index,
+                                                   dtype=dump.frame["taken_at"].dtype)
+    return dumps
 
 
 def _json_dump(data: list, source: str) -> ReadDump:
@@ -197,7 +207,7 @@ def _json_dump(data: list, source: str) -> ReadDump:
 _NO_TIME = datetime(1970, 1, 1, tzinfo=UTC)  # a file's dump has no "taken at" of its own
 
 
-def _blocks(lines: list[str], source: str) -> list[_Block]:
+def _blocks(lines: list[str], source: str, first_line: int = 1) -> list[_Block]:
     blocks: list[_Block] = []
     block: _Block | None = None
     thread: _Thread | None = None
@@ -232,7 +242,7 @@ def _blocks(lines: list[str], source: str) -> list[_Block]:
         pending_pid = (int(m.group(1)), m.group(2)) if m else None
         fatal_line = None
 
-    for number, raw in enumerate(lines, start=1):
+    for number, raw in enumerate(lines, start=first_line):
         line = raw.rstrip("\r\n")
         if m := _PROCESS.match(line):
             block = begin(PYSPY_TEXT, number)
