@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from report_checks import check_gauge_sentences
 
 from forensics.diagnosis import decide
 from forensics.evidence import Evidence, Gap
@@ -356,3 +357,28 @@ def test_the_timeline_plot_draws_each_role_and_signature_with_its_units():
     assert fx.report.timeline_plot(None, T0) is None and fx.report.timeline_plot(events, None) is None
     untimed = events.assign(ts=pd.NaT)
     assert fx.report.timeline_plot(untimed, T0) is None
+
+
+def test_every_gauge_sentence_holds_on_the_series_it_names(written):
+    evidence = _evidence()
+    md = (written / "report.md").read_text()
+    assert check_gauge_sentences(md, evidence.frames["metrics"], _t(5)) == 1
+    assert "2 of them after the bootstrap thread died at 03:00:05" in md
+
+
+def test_a_gauge_that_stays_at_zero_on_a_healthy_deployment_is_not_called_frozen(tmp_path):
+    # No death in the evidence: a constant gauge is a fact, "it never moved after the death" is not.
+    evidence = _evidence()
+    evidence.frames["events"] = evidence.frames["events"].iloc[:0]
+    metrics = evidence.frames["metrics"]
+    gauge = metrics["type"] == "gauge"
+    metrics.loc[gauge, "value"] = 0.0
+    metrics["value_int"] = metrics["value_int"].where(~gauge, 0)
+    investigation = Investigation(tmp_path / "quiet", target="pd-test", release="0.5.15", backend="nixl")
+    investigation.add_bundle(evidence)
+    investigation.add_verdict(decide(evidence))
+    out = tmp_path / "out"
+    write_report(investigation.directory, out, "md")
+    md = (out / "report.md").read_text()
+    assert check_gauge_sentences(md, metrics, None) == 1
+    assert "stayed at 0 over 3 sample(s)" in md and "died" not in md.split("Why health and the gauges")[1][:400]

@@ -15,7 +15,8 @@ from forensics.cli.live_options import inventory_option, json_option, sample_opt
 @since_option
 @sample_option
 @json_option
-def command(inventory, bundle, since, sample_s, as_json) -> None:
+@click.option("--verbose", "-v", is_flag=True, help="every reason, signal and gap in full (default: at most 24 lines)")
+def command(inventory, bundle, since, sample_s, as_json, verbose) -> None:
     """Diagnose a deployment, live (--inventory) or from a collected bundle (--bundle).
 
     Exit 0 HEALTHY, 1 WEDGED, DEGRADED or DOWN, 3 INCONCLUSIVE. WEDGED rests on at least
@@ -34,6 +35,7 @@ def command(inventory, bundle, since, sample_s, as_json) -> None:
     def human() -> None:
         from forensics.cli.render import console
 
-        console().print(verdict)
+        out = console()
+        out.print(verdict if verbose else verdict.terse(out.width))
 
     conclude(as_json, verdict.exit_status, verdict.to_dict(), human, word=verdict.status)

@@ -28,6 +28,11 @@ WEDGE_SOURCES = ("probes", "threads", "logs", "metrics")
 _WEDGE_PIECES = {"probes": "probes", "threads": "threads", "logs": "logs", "metrics": "metrics"}
 
 
+# The frames each signal source reads (signals.py): a source with none of them was not collected.
+_SOURCE_FRAMES = {"processes": ("processes",), "probes": ("probes",), "threads": ("thread_check", "logged_threads"),
+                  "logs": ("events", "log_findings"), "metrics": ("metrics",)}
+
+
 def decide(evidence: Evidence, signals: list[Signal] | None = None) -> Verdict:
     signals = extract_signals(evidence) if signals is None else signals
     name = evidence.deployment.get("name")
@@ -39,8 +44,11 @@ def decide(evidence: Evidence, signals: list[Signal] | None = None) -> Verdict:
     down, wedge = by_kind.get("down", []), by_kind.get("wedge", [])
     degraded, healthy = by_kind.get("degraded", []), by_kind.get("healthy", [])
 
+    read = [source for source, frames in _SOURCE_FRAMES.items()
+            if any(evidence.frames.get(frame) is not None for frame in frames)]
+
     def verdict(word: str, reasons: list[str], chain: list[str] | None = None) -> Verdict:
-        return Verdict(word, reasons, chain or [], signals, gaps, name, at, next_steps(word, signals, evidence))
+        return Verdict(word, reasons, chain or [], signals, gaps, name, at, next_steps(word, signals, evidence), read)
 
     if down:
         reasons = [f"{s.engine}: {s.says}" for s in down]

@@ -27,6 +27,7 @@ class Verdict:
     deployment: str | None = None
     at: str | None = None  # ISO time of the evidence (collection time)
     next_steps: list[str] = field(default_factory=list)  # what to do now, most urgent first (nextsteps.py)
+    sources_read: list[str] = field(default_factory=list)  # the signal sources whose evidence was there to read
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -51,6 +52,7 @@ class Verdict:
             "signals": [s.to_dict() for s in self.signals],
             "gaps": [g.to_dict() for g in self.gaps],
             "next_steps": list(self.next_steps),
+            "sources_read": list(self.sources_read),
         }
 
     def lines(self) -> list[str]:
@@ -72,6 +74,16 @@ class Verdict:
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
+
+    def terse(self, width: int = 80):
+        """The terminal's default view: at most 24 lines at 80 columns (``terse.py``); a rich renderable."""
+        from rich.console import Group
+        from rich.text import Text
+
+        from .terse import terse_lines
+
+        return Group(*(Text(line, style=style, no_wrap=True, overflow="ignore")
+                       for line, style in terse_lines(self, width)))
 
     def __rich__(self):
         from rich.console import Group

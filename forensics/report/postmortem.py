@@ -19,7 +19,7 @@ from forensics.exitcodes import Undecided
 from forensics.logs import eventtime
 
 from .blocks import Bullets, Para, Placeholder, Plot, Section, Sub, Table
-from .gauges import queue_gauge_rows
+from .gauges import gauge_stories
 from .investigation import Investigation
 from .timefmt import span, stamp, utc
 
@@ -287,23 +287,11 @@ def _detection(x: _Inputs) -> Section:
 
 
 def _gauges_missed(x: _Inputs) -> list[str]:
-    gauges = queue_gauge_rows(x.frame("metrics"))
-    if gauges is None or not len(gauges):
+    deaths = [pd.Timestamp(s["at"]) for s in _signals(x, "thread_death_logged") if s.get("at")]
+    stories = gauge_stories(x.frame("metrics"), min(deaths) if deaths else None)
+    if not stories:
         return ["Gauges: no queue gauges in the evidence."]
-    out = []
-    host = gauges["host"].astype(str) if "host" in gauges else pd.Series([""] * len(gauges), index=gauges.index)
-    for metric, engine in sorted(set(zip(gauges["metric_canonical"].astype(str), host, strict=True))):
-        values = pd.to_numeric(gauges[(gauges["metric_canonical"].astype(str) == metric) & (host == engine)]["value"],
-                               errors="coerce").dropna()
-        if not len(values):
-            continue
-        if values.nunique() == 1:
-            out.append(f"Gauge {metric} on {engine or '?'}: stayed at {values.iloc[0]:g} over {len(values)} sample(s) "
-                       "(frozen: nothing dequeues after the thread died, so no threshold on it fires).")
-        else:
-            out.append(f"Gauge {metric} on {engine or '?'}: from {values.min():g} to {values.max():g} over "
-                       f"{len(values)} sample(s).")
-    return out or ["Gauges: no queue gauge values in the evidence."]
+    return [story.sentence() for story in stories]
 
 
 def _resolution(x: _Inputs) -> Section:
