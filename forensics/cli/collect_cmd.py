@@ -6,24 +6,7 @@ import click
 
 from forensics.cli.contract import conclude
 from forensics.cli.live_options import inventory_option, json_option, sample_option, since_option
-
-
-def _progress_bar(as_json: bool):
-    """A rich progress bar on stderr in a terminal; nothing under --json or in a pipe."""
-    import sys
-
-    if as_json or not sys.stderr.isatty():
-        return None, None
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TimeElapsedColumn(), transient=True, console=__import__("rich.console").console.Console(stderr=True))
-    task = bar.add_task("collecting", total=None)
-
-    def update(what: str, done: int, total: int) -> None:
-        bar.update(task, completed=done, total=total, description=f"collected {what}")
-
-    return bar, update
+from forensics.cli.render import collection_progress
 
 
 @click.command(name="collect")
@@ -46,7 +29,7 @@ def command(inventory, out, since, until, sample_s, as_json) -> None:
     if inventory is None:
         raise UsageProblem("collect needs --inventory FILE (a twin's is printed by 'forensics twin up')")
     check_out(out)  # before any probe: a bundle that cannot be written must not cost the deployment a probe
-    bar, update = _progress_bar(as_json)
+    bar, update = collection_progress(as_json)
     if bar is not None:
         bar.start()
     try:

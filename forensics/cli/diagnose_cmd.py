@@ -30,7 +30,16 @@ def command(inventory, bundle, since, sample_s, as_json, verbose) -> None:
     if bundle is not None:
         verdict = diagnose(bundle=bundle)
     else:
-        verdict = diagnose(inventory=inventory, since=since, sample_s=sample_s)
+        from forensics.cli.render import collection_progress
+
+        bar, update = collection_progress(as_json)
+        if bar is not None:
+            bar.start()
+        try:
+            verdict = diagnose(inventory=inventory, since=since, sample_s=sample_s, progress=update)
+        finally:
+            if bar is not None:
+                bar.stop()
 
     def human() -> None:
         from forensics.cli.render import console

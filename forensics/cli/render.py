@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 from forensics.jsonable import encode_json, frame_json, frame_records
 
-__all__ = ["console", "encode_json", "frame_json", "frame_records", "step_progress"]
+__all__ = ["collection_progress", "console", "encode_json", "frame_json", "frame_records", "step_progress"]
 
 
 def console(stderr: bool = False):
@@ -41,3 +41,23 @@ def step_progress(total: int | None, label: str) -> Iterator[Callable[[str], Non
     with progress:
         task = progress.add_task("", total=total)
         yield lambda step: progress.update(task, advance=1, description=step)
+
+
+def collection_progress(as_json: bool):
+    """(bar, update) for a live collection: a rich bar redrawn on one stderr line in a terminal
+    (its clock runs while probes and metrics sample, so the screen is never blank), (None, None)
+    under --json or in a pipe. ``update(what, done, total)`` is ``collect``'s progress callback."""
+    import sys
+
+    if as_json or not sys.stderr.isatty():
+        return None, None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TimeElapsedColumn(), transient=True, console=console(stderr=True))
+    task = bar.add_task("sampling probes and metrics", total=None)
+
+    def update(what: str, done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total, description=f"collected {what}")
+
+    return bar, update
