@@ -136,10 +136,12 @@ def test_demo_tells_the_whole_story_on_the_twin(tmp_path):
     # The evidence window starts when the demo did: no 1970 date (a 19-digit room may hold "1970").
     assert "WEDGED" in report and not re.search(r"\b1970-\d\d-\d\d", report)
     # What it says about each queue gauge holds on the twin's own scraped series.
-    (metrics_file,) = (out / "investigation").rglob("frames/metrics.parquet")
+    from forensics.report import Investigation
+
+    metrics = Investigation(out / "investigation", create=False).evidence().frame("metrics")  # the report's
     deaths = [s["at"] for s in verdict["signals"] if s["name"] == "thread_death_logged" and s.get("at")]
     death = min(pd.Timestamp(at) for at in deaths) if deaths else None
-    assert check_gauge_sentences(report, pd.read_parquet(metrics_file), death) >= 1, report
+    assert check_gauge_sentences(report, metrics, death) >= 1, report
     assert json.loads((out / "demo.json").read_text())["ok"] is True
     # The twin draws 63-bit rooms; the likely trigger must name one its own decode log holds.
     trigger = [s for s in document["log_summary"] if s.startswith("Likely trigger")]

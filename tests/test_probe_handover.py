@@ -271,3 +271,37 @@ def test_a_notebook_kernel_shut_down_with_a_probe_open_hands_it_over(server, rec
     server.release.set()
     wait_until(lambda: not handover.held(), 30, "the keeper finished")
     assert server.early_closes == []
+
+
+@pytest.mark.timeout(120)
+def test_a_probe_answered_during_the_hand_over_does_not_cost_the_others_their_keeper(server, records):  # noqa: F811
+    # At SIGTERM a health probe's answer may close its socket between the hand-over listing it and
+    # the keeper's start; passing that closed descriptor once made the start fail for every probe
+    # (CI: "3 probe(s) still open and no keeper could start", a 330 s wait instead).
+    import socket
+    from types import SimpleNamespace
+
+    server.blocked.add("/generate")
+    held_socket = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=10)
+    held_socket.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
+    wait_until(lambda: server.open.get("/generate") == 1, 10, "the request reached the server")
+
+    def probe(number: int, kind: str):
+        target = SimpleNamespace(name="router", role="router")
+        call = SimpleNamespace(url=f"{server.url}/generate", rid=f"pd-forensics-probe-{number}", room=None)
+        return SimpleNamespace(probe_id=number, target=target, kind=kind, call=call, sent_ns=time.time_ns(), cap_s=60)
+
+    closed = socket.socket()
+    closed_fd = closed.fileno()
+    closed.close()
+    answered = SimpleNamespace(socket_fd=lambda: closed_fd)  # closed since the list was made
+    open_one = SimpleNamespace(socket_fd=held_socket.fileno)
+    try:
+        record = handover.hand_over([(probe(1, "health"), 0, answered), (probe(2, "liveness"), 0, open_one)])
+        assert record is not None and [p.probe_id for p in record.probes] == [2]
+        held_socket.close()  # ours only: the keeper's copy keeps the connection
+        time.sleep(0.5)
+        assert server.early_closes == []
+    finally:
+        server.release.set()
+    wait_until(lambda: not handover.held(), 30, "the keeper read the answer and finished")

@@ -229,6 +229,12 @@ def hand_over(connections: list[tuple[Any, int, Any]], *, caller: dict | None = 
         fd = exchange.socket_fd()
         if fd is None:
             continue
+        # A copy of the descriptor, taken now: an exchange answered meanwhile closes its own, and
+        # one closed descriptor among those passed made the keeper's start fail for every probe.
+        try:
+            fd = os.dup(fd)
+        except OSError:
+            continue  # answered and closed since socket_fd(): nothing left to keep
         fds.append(fd)
         spec_probes.append({"fd": fd, "probe_id": probe.probe_id, "leg": leg, "target": probe.target.name,
                             "role": probe.target.role, "kind": probe.kind, "url": probe.call.url,
@@ -245,6 +251,10 @@ def hand_over(connections: list[tuple[Any, int, Any]], *, caller: dict | None = 
                                 pass_fds=fds, close_fds=True, start_new_session=True)
     except OSError:
         return None
+    finally:
+        for fd in fds:  # the keeper has its own copies now (or none was made)
+            with contextlib.suppress(OSError):
+                os.close(fd)
     try:
         proc.stdin.write(json.dumps(spec).encode())
         proc.stdin.close()
