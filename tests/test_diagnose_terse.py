@@ -8,6 +8,8 @@ sentences, and the verdict scrolled off a 40-row screen once the progress had ru
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import tomli_w
 from test_cli_live import _wedged_bundle
@@ -78,3 +80,23 @@ def test_an_unreachable_deployment_is_short_and_says_what_was_not_reached(tmp_pa
     chain = lines[lines.index("Kill chain") + 1:lines.index("Next")]
     assert len(chain) == 6 and all("refused: nothing listens at" in step for step in chain), chain
     assert not any("refused" in line for line in lines[1:lines.index("Sources")])  # not said twice
+
+
+def test_watch_in_a_terminal_wraps_between_words_and_names_the_first_verdict(tmp_path):
+    engines = [{"role": role, "name": f"{role}-0", "host": "local", "url": f"http://127.0.0.1:{_closed_port()}"}
+               for role in ("prefill", "decode", "router")]
+    engines[0]["bootstrap_port"] = _closed_port()
+    inventory = tmp_path / "inventory.toml"
+    inventory.write_text(tomli_w.dumps({"deployment": {"name": "nowhere", "sglang": "0.5.15", "backend": "nixl"},
+                                        "engine": engines}))
+    status, lines = in_terminal("watch", "--inventory", str(inventory), "--for", "3s", columns=60)
+    assert status == 1, lines
+    first = next(i for i, line in enumerate(lines) if " -> DOWN: " in line)
+    assert lines[first][8:].startswith(" start -> DOWN: "), lines[first]
+    change = [lines[first]] + [line for line in lines[first + 1:first + 4] if line.startswith(" " * 9)]
+    assert all(len(line) <= 60 for line in change), change
+    # Joined back, the terminal's lines are the log line's words: no word was cut in two.
+    piped = subprocess.run([sys.executable, "-m", "forensics", "watch", "--inventory", str(inventory), "--for", "3s"],
+                           capture_output=True, text=True, timeout=120)
+    logged = next(line for line in piped.stdout.splitlines() if " start -> DOWN: " in line)
+    assert " ".join(line.strip() for line in change)[9:] == logged.split(" ", 1)[1], (change, logged)

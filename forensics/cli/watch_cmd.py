@@ -42,8 +42,19 @@ def command(inventory, for_s, interval_s, as_json) -> None:
         live_display = Live(console=console(), refresh_per_second=4, transient=False)
 
     def change_line(verdict, previous) -> str:
+        """``TIME OLD -> NEW: first reason`` (``start`` for the first verdict): one line for a log."""
         reason = verdict.reasons[0] if verdict.reasons else ""
-        return f"{verdict.at} {previous.verdict if previous else '-'} -> {verdict.verdict}: {reason}"
+        return f"{verdict.at} {previous.verdict if previous else 'start'} -> {verdict.verdict}: {reason}"
+
+    def change_lines(verdict, previous, width: int) -> str:
+        """The same for a terminal: the clock only, wrapped between words with a hanging indent."""
+        import textwrap
+
+        clock = (verdict.at or "")[11:19] or "--:--:--"
+        reason = verdict.reasons[0] if verdict.reasons else ""
+        text = f"{clock} {previous.verdict if previous else 'start'} -> {verdict.verdict}: {reason}"
+        return "\n".join(textwrap.wrap(text, width=max(40, width), subsequent_indent=" " * 9,
+                                        break_on_hyphens=False, break_long_words=True))
 
     def on_change(verdict, previous) -> None:
         changes[0] += 1
@@ -52,7 +63,8 @@ def command(inventory, for_s, interval_s, as_json) -> None:
                    "previous": previous.verdict if previous else None, **verdict.to_dict()}
             emit_line(doc)
         elif live_display is not None:
-            live_display.console.print(change_line(verdict, previous), soft_wrap=True)
+            out = live_display.console
+            out.print(change_lines(verdict, previous, out.width), markup=False, highlight=False, soft_wrap=True)
         else:
             print(change_line(verdict, previous), flush=True)
 
