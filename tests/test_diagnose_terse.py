@@ -7,11 +7,11 @@ sentences, and the verdict scrolled off a 40-row screen once the progress had ru
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
 import tomli_w
+from sshd_helpers import free_port
 from test_cli_live import _wedged_bundle
 from test_logs_terse import in_terminal
 
@@ -60,20 +60,20 @@ def test_verbose_keeps_every_reason_signal_and_gap(tmp_path):
     assert "install systemd" in text  # the gap's fix, which the terse line leaves out
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_an_unreachable_deployment_is_short_and_says_what_was_not_reached(tmp_path):
-    engines = [{"role": role, "name": f"{role}-0", "host": "local", "url": f"http://127.0.0.1:{_closed_port()}"}
+def _unreachable_inventory(tmp_path) -> str:
+    """A prefill, a decode and a router on loopback ports nothing listens on."""
+    engines = [{"role": role, "name": f"{role}-0", "host": "local", "url": f"http://127.0.0.1:{free_port()}"}
                for role in ("prefill", "decode", "router")]
-    engines[0]["bootstrap_port"] = _closed_port()
+    engines[0]["bootstrap_port"] = free_port()
     inventory = tmp_path / "inventory.toml"
     inventory.write_text(tomli_w.dumps({"deployment": {"name": "nowhere", "sglang": "0.5.15", "backend": "nixl"},
                                         "engine": engines}))
-    status, lines = diagnose_in_terminal("--inventory", str(inventory), "--sample", "2s")
+    return str(inventory)
+
+
+def test_an_unreachable_deployment_is_short_and_says_what_was_not_reached(tmp_path):
+    inventory = _unreachable_inventory(tmp_path)
+    status, lines = diagnose_in_terminal("--inventory", inventory, "--sample", "2s")
     assert len(lines) <= MAX_LINES, "\n".join(lines)
     assert max(len(line) for line in lines) <= 80
     assert status == 1 and lines[0] == "DOWN  nowhere  (exit 1)", lines
@@ -83,20 +83,15 @@ def test_an_unreachable_deployment_is_short_and_says_what_was_not_reached(tmp_pa
 
 
 def test_watch_in_a_terminal_wraps_between_words_and_names_the_first_verdict(tmp_path):
-    engines = [{"role": role, "name": f"{role}-0", "host": "local", "url": f"http://127.0.0.1:{_closed_port()}"}
-               for role in ("prefill", "decode", "router")]
-    engines[0]["bootstrap_port"] = _closed_port()
-    inventory = tmp_path / "inventory.toml"
-    inventory.write_text(tomli_w.dumps({"deployment": {"name": "nowhere", "sglang": "0.5.15", "backend": "nixl"},
-                                        "engine": engines}))
-    status, lines = in_terminal("watch", "--inventory", str(inventory), "--for", "3s", columns=60)
+    inventory = _unreachable_inventory(tmp_path)
+    status, lines = in_terminal("watch", "--inventory", inventory, "--for", "3s", columns=60)
     assert status == 1, lines
     first = next(i for i, line in enumerate(lines) if " -> DOWN: " in line)
     assert lines[first][8:].startswith(" start -> DOWN: "), lines[first]
     change = [lines[first]] + [line for line in lines[first + 1:first + 4] if line.startswith(" " * 9)]
     assert all(len(line) <= 60 for line in change), change
     # Joined back, the terminal's lines are the log line's words: no word was cut in two.
-    piped = subprocess.run([sys.executable, "-m", "forensics", "watch", "--inventory", str(inventory), "--for", "3s"],
+    piped = subprocess.run([sys.executable, "-m", "forensics", "watch", "--inventory", inventory, "--for", "3s"],
                            capture_output=True, text=True, timeout=120)
     logged = next(line for line in piped.stdout.splitlines() if " start -> DOWN: " in line)
     assert " ".join(line.strip() for line in change)[9:] == logged.split(" ", 1)[1], (change, logged)

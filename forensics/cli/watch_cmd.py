@@ -41,20 +41,22 @@ def command(inventory, for_s, interval_s, as_json) -> None:
 
         live_display = Live(console=console(), refresh_per_second=4, transient=False)
 
-    def change_line(verdict, previous) -> str:
-        """``TIME OLD -> NEW: first reason`` (``start`` for the first verdict): one line for a log."""
+    def change(verdict, previous) -> str:
+        """``OLD -> NEW: first reason`` (``start`` for the first verdict)."""
         reason = verdict.reasons[0] if verdict.reasons else ""
-        return f"{verdict.at} {previous.verdict if previous else 'start'} -> {verdict.verdict}: {reason}"
+        return f"{previous.verdict if previous else 'start'} -> {verdict.verdict}: {reason}"
+
+    def change_line(verdict, previous) -> str:
+        """One line for a log: the ISO time, then the change."""
+        return f"{verdict.at} {change(verdict, previous)}"
 
     def change_lines(verdict, previous, width: int) -> str:
         """The same for a terminal: the clock only, wrapped between words with a hanging indent."""
         import textwrap
 
         clock = (verdict.at or "")[11:19] or "--:--:--"
-        reason = verdict.reasons[0] if verdict.reasons else ""
-        text = f"{clock} {previous.verdict if previous else 'start'} -> {verdict.verdict}: {reason}"
-        return "\n".join(textwrap.wrap(text, width=max(40, width), subsequent_indent=" " * 9,
-                                        break_on_hyphens=False, break_long_words=True))
+        return "\n".join(textwrap.wrap(f"{clock} {change(verdict, previous)}", width=max(40, width),
+                                        subsequent_indent=" " * 9, break_on_hyphens=False, break_long_words=True))
 
     def on_change(verdict, previous) -> None:
         changes[0] += 1

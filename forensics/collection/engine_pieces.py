@@ -444,7 +444,7 @@ def _logged_threads(engine, logscan, context: _LogContext, result: PieceResult) 
     """The scheduler dumps sglang printed into the log (its watchdog's py-spy, a fatal signal's
     faulthandler) against the release's threads: evidence even where py-spy cannot run now. Each
     row says whether the dump is of a process running now (``of_process``)."""
-    from forensics.threads.filecheck import NOT_CHECKED, check_dump
+    from forensics.threads.filecheck import FILE_CHECK_COLUMNS, NOT_CHECKED, check_dump, rows_frame
 
     dumps = logscan.thread_dumps()
     if not dumps:
@@ -473,9 +473,8 @@ def _logged_threads(engine, logscan, context: _LogContext, result: PieceResult) 
             rows.append({"engine": engine.name, **row, "dump_status": checked.status, "logged_at": logged_at,
                          "of_process": of_process, "of_process_why": why})
     if rows:
-        frame = pd.DataFrame(rows)
-        for column in ("line", "pid", "found"):
-            frame[column] = pd.array([r[column] for r in rows], dtype="Int64")
+        frame = rows_frame(rows, ("engine", *FILE_CHECK_COLUMNS, "dump_status", "logged_at", "of_process",
+                                  "of_process_why"))
         frame["logged_at"] = pd.to_datetime(frame["logged_at"], utc=True)
         result.add("logged_threads", frame)
 

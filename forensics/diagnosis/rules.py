@@ -99,8 +99,7 @@ def _inconclusive_reasons(evidence: Evidence, signals: list[Signal], wedge_sourc
     if probes is None or not (probes["kind"] == "liveness").any():
         reasons.append("no liveness probe result: nothing shows that a real request completes")
     for piece in _WEDGE_PIECES.values():
-        frame_names = {"threads": "thread_check", "logs": "events"}.get(piece, piece)
-        frame = evidence.frame(frame_names)
+        frame = evidence.frame(_SOURCE_FRAMES[piece][0])  # the piece's main frame (a live dump's check, the events)
         piece_gaps = [g for g in gaps if g.piece == piece]
         if piece_gaps:
             reasons += [f"missing {piece}: {g.reason}" + (f" (fix: {g.fix})" if g.fix else "") for g in piece_gaps]

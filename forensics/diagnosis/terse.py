@@ -14,15 +14,14 @@ import textwrap
 from .signals import SOURCES
 
 MAX_LINES = 24  # non-blank lines at 80 columns (issue: a 40-row terminal keeps the verdict on screen)
-_COLOUR = {"HEALTHY": "green", "WEDGED": "red", "DEGRADED": "yellow", "DOWN": "red", "INCONCLUSIVE": "magenta"}
 
 
-def terse_lines(verdict, width: int = 80) -> list[tuple[str, str]]:
-    """(text, rich style) per line, each at most ``width`` characters."""
+def terse_lines(verdict, width: int = 80, head_style: str = "bold") -> list[tuple[str, str]]:
+    """(text, rich style) per line, each at most ``width`` characters; the verdict's line in ``head_style``."""
     width = max(40, width)
     head = verdict.verdict + (f"  {verdict.deployment}" if verdict.deployment else "")
     head += f"  (exit {int(verdict.exit_status)})"
-    out: list[tuple[str, str]] = [(_cut(head, width), f"bold {_COLOUR[verdict.verdict]}")]
+    out: list[tuple[str, str]] = [(_cut(head, width), head_style)]
     # WEDGED's reasons after the first are its signals' sentences, DOWN's are its kill chain: said below.
     reasons = verdict.reasons[:1] if verdict.verdict == "WEDGED" else [
         r for r in verdict.reasons if r not in verdict.kill_chain][:3]
@@ -83,9 +82,7 @@ def _clip(text: str, width: int, lines: int, *, indent: str = "", hang: str | No
     if len(wrapped) <= lines:
         return wrapped
     kept = wrapped[:lines]
-    kept[-1] = _cut(kept[-1] + " " + wrapped[lines].strip(), width)
-    if not kept[-1].endswith("…"):
-        kept[-1] = kept[-1][: width - 1] + "…"
+    kept[-1] = (kept[-1] + " " + wrapped[lines].strip())[: width - 1] + "…"  # some of what is cut, then "…"
     return kept
 
 

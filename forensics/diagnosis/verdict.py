@@ -83,7 +83,7 @@ class Verdict:
         from .terse import terse_lines
 
         return Group(*(Text(line, style=style, no_wrap=True, overflow="ignore")
-                       for line, style in terse_lines(self, width)))
+                       for line, style in terse_lines(self, width, f"bold {_COLOUR[self.verdict]}")))
 
     def __rich__(self):
         from rich.console import Group

@@ -157,11 +157,7 @@ class DumpFileCheck:
         return out
 
     def frame(self) -> pd.DataFrame:
-        rows = [row for result in self.results for row in result.rows]
-        frame = pd.DataFrame(rows, columns=list(FILE_CHECK_COLUMNS))
-        for column in ("line", "pid", "found"):
-            frame[column] = pd.array([r[column] for r in rows], dtype="Int64")
-        return frame
+        return rows_frame([row for result in self.results for row in result.rows], FILE_CHECK_COLUMNS)
 
     def to_frame(self) -> pd.DataFrame:
         return self.frame()
@@ -209,6 +205,15 @@ class DumpFileCheck:
             "reasons": self.reasons(),
             "rows": frame_json(self.frame()),
         }
+
+
+def rows_frame(rows: list[dict], columns) -> pd.DataFrame:
+    """``DumpResult.rows`` (with any more keys ``columns`` names) as a frame: line, pid and found as
+    exact integers, a missing pid (faulthandler's) as NA."""
+    frame = pd.DataFrame(rows, columns=list(columns))
+    for column in ("line", "pid", "found"):
+        frame[column] = pd.array([r[column] for r in rows], dtype="Int64")
+    return frame
 
 
 def check_dump(dump: ReadDump, expected: ExpectedThreads, role: str) -> DumpResult:

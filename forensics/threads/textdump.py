@@ -182,15 +182,7 @@ def read_dump_text(text: str, *, source: str = "<text>", first_line: int = 1, tz
         if not (isinstance(data, list) and data and all(isinstance(t, dict) and "thread_id" in t for t in data)):
             raise DumpFileError(f"{source}: a JSON list, but not of py-spy's threads (each needs a thread_id)")
         return [_json_dump(data, source)]
-    dumps = [_to_dump(block, source) for block in _blocks(text.splitlines(), source, first_line)]
-    if tz != "UTC":
-        for dump in dumps:
-            if dump.logged_at is not None:
-                local = pd.Timestamp(dump.logged_at.replace(tzinfo=None)).tz_localize(tz)
-                dump.logged_at = local.tz_convert("UTC").to_pydatetime()
-                dump.frame["taken_at"] = pd.Series([dump.logged_at] * len(dump.frame), index=dump.frame.index,
-                                                   dtype=dump.frame["taken_at"].dtype)
-    return dumps
+    return [_to_dump(block, source) for block in _blocks(text.splitlines(), source, first_line, tz)]
 
 
 def _json_dump(data: list, source: str) -> ReadDump:
@@ -207,7 +199,7 @@ def _json_dump(data: list, source: str) -> ReadDump:
 _NO_TIME = datetime(1970, 1, 1, tzinfo=UTC)  # a file's dump has no "taken at" of its own
 
 
-def _blocks(lines: list[str], source: str, first_line: int = 1) -> list[_Block]:
+def _blocks(lines: list[str], source: str, first_line: int = 1, tz: str = "UTC") -> list[_Block]:
     blocks: list[_Block] = []
     block: _Block | None = None
     thread: _Thread | None = None
@@ -224,7 +216,7 @@ def _blocks(lines: list[str], source: str, first_line: int = 1) -> list[_Block]:
     def begin(fmt: str, number: int) -> _Block:
         nonlocal pending_pid, fatal_line
         close()
-        new = _Block(fmt, fatal_line or number, context=previous.strip()[:200], logged_at=_time_of(previous))
+        new = _Block(fmt, fatal_line or number, context=previous.strip()[:200], logged_at=_time_of(previous, tz))
         if pending_pid is not None:
             new.pid = pending_pid[0]
             if fmt == PYSPY_TEXT and "--native" in pending_pid[1]:
@@ -303,15 +295,20 @@ def _blocks(lines: list[str], source: str, first_line: int = 1) -> list[_Block]:
     return blocks
 
 
-def _time_of(line: str) -> datetime | None:
-    """The time of sglang's prefix on ``line`` (read as UTC, the scanner's default zone), if it has one."""
+def _time_of(line: str, tz: str = "UTC") -> datetime | None:
+    """The time of sglang's prefix on ``line``, read in ``tz`` (the log scan's zone), as UTC."""
     m = lf.SGLANG_PREFIX.match(line.encode("utf-8", "replace"))
     if not m:
         return None
     try:
-        return datetime.fromisoformat(m.group(1).decode()).replace(tzinfo=UTC)
+        naive = datetime.fromisoformat(m.group(1).decode())
     except ValueError:
         return None
+    if tz == "UTC":
+        return naive.replace(tzinfo=UTC)
+    # An hour a clock change repeats: the earlier reading (the dump was taken at or after this time).
+    local = pd.Timestamp(naive.replace(tzinfo=None)).tz_localize(tz, ambiguous=True, nonexistent="shift_forward")
+    return local.tz_convert("UTC").to_pydatetime()
 
 
 def _to_dump(block: _Block, source: str) -> ReadDump:
