@@ -18,14 +18,31 @@ from forensics.sandbox import quiet_nixl
 
 pytest.importorskip("nixl_cu12._api", reason="NIXL is not installed here")
 
+# A thread's demand for a core is its CPU time plus the time it waited runnable on the run
+# queue (both in /proc/<pid>/task/<tid>/schedstat): a spinning progress thread demands the
+# whole core however loaded the machine is, while its CPU time shrinks with the load. The
+# watch reads demand, so it means the same on an idle laptop and on a CI runner with four
+# pytest workers on two cores.
 IDLE_CHILD = """
-import json, sys, time
+import json, os, sys, time
 import nixl_cu12._api as api
 from forensics.sandbox.quiet_nixl import quiet_agent
+
+def demanded_ns():
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as stat:
+                on_cpu, waiting = stat.read().split()[:2]
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        total += int(on_cpu) + int(waiting)
+    return total
+
 agent = quiet_agent(api, "idle", api.nixl_agent_config(backends=["UCX"]))
-cpu0, wall0 = time.process_time(), time.monotonic()
+demand0, wall0 = demanded_ns(), time.monotonic_ns()
 time.sleep(2.0)
-print(json.dumps({"cpu_share": (time.process_time() - cpu0) / (time.monotonic() - wall0)}))
+print(json.dumps({"core_demand": (demanded_ns() - demand0) / (time.monotonic_ns() - wall0)}))
 """
 
 
@@ -33,16 +50,16 @@ def _idle_share(delay: str) -> float:
     done = subprocess.run([sys.executable, "-c", IDLE_CHILD], capture_output=True, text=True, timeout=120,
                           env={**os.environ, quiet_nixl.DELAY_ENV: delay})
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])["cpu_share"]
+    return json.loads(done.stdout.strip().splitlines()[-1])["core_demand"]
 
 
-@pytest.mark.thorough  # watches a NIXL agent's CPU time for seconds: CI
+@pytest.mark.thorough  # watches a NIXL agent's core demand for seconds: CI
 @pytest.mark.timeout(300)
 def test_an_idle_agent_does_not_hold_a_core():
     quiet = _idle_share(str(quiet_nixl.PROGRESS_DELAY_US))
     busy = _idle_share("0")  # sglang's own configuration: the progress thread never sleeps
     assert quiet < 0.25, quiet
-    assert busy > 2 * quiet + 0.2, (busy, quiet)  # the difference is the delay, not the machine
+    assert busy > 0.8, busy  # the progress thread spins: the difference is the delay, not the machine
 
 
 @pytest.mark.timeout(120)
