@@ -38,7 +38,7 @@ def _dumps(twin, count: int) -> list[float]:
     from forensics.threads import dump_threads
 
     py_spy = str(Path(sys.executable).with_name("py-spy"))
-    host, pid, times = LocalHost(), twin.pid("prefill"), []
+    host, pid, times = LocalHost(), twin.scheduler_pid("prefill"), []
     for _ in range(count):
         started = time.perf_counter()
         dump = dump_threads(host, pid, py_spy=py_spy)

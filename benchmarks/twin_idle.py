@@ -51,7 +51,8 @@ def measure(label: str, delay: str, idle_seconds: float, requests: int) -> dict:
         with tempfile.TemporaryDirectory() as directory:
             twin = twin_api.up("0.5.15", directory=directory, prefill_rate_tps=1e9, decode_rate_tps=1000.0)
             try:
-                processes = [psutil.Process(twin.pid(role)) for role in ("prefill", "decode", "router")]
+                fronts = [psutil.Process(twin.pid(role)) for role in ("prefill", "decode", "router")]
+                processes = [proc for front in fronts for proc in (front, *front.children(recursive=True))]
                 time.sleep(2.0)  # let start-up work finish before the idle window opens
                 cpu0, wall0 = _cpu_seconds(processes), time.monotonic()
                 time.sleep(idle_seconds)  # the measurement itself: the twin is left alone

@@ -45,12 +45,24 @@ class LeakGuard:
         self.allowed_pids: set[int] = set()
 
     def allow(self, pid: int) -> None:
+        """``pid`` and its descendants; for a process in a session of its own (a twin or engine
+        role, started with start_new_session), the session leader's whole tree: a scheduler's pid
+        allows its front, the detokenizer and the resource tracker beside it."""
         self.allowed_pids.add(pid)
+        heads = [pid]
         try:
-            for child in psutil.Process(pid).children(recursive=True):
-                self.allowed_pids.add(child.pid)
-        except psutil.Error:
+            session = os.getsid(pid)
+            if session not in (os.getsid(0), pid):
+                heads.append(session)
+        except OSError:
             pass
+        for head in heads:
+            try:
+                self.allowed_pids.add(head)
+                for child in psutil.Process(head).children(recursive=True):
+                    self.allowed_pids.add(child.pid)
+            except psutil.Error:
+                pass
 
     def children(self) -> set[int]:
         try:

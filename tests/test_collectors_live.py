@@ -275,7 +275,7 @@ def test_twin_server_info_and_loads(twin):
 def test_twin_settings_flag_the_vulnerable_release(twin):
     host = LocalHost()
     state = es.read_engine_state(twin.prefill, engine="prefill")
-    pid = twin.pid("prefill")
+    pid = twin.scheduler_pid("prefill")  # the inventory's process, as collect finds it
     ppid = psutil.Process(pid).ppid()
     s = sc.collect_settings("prefill", host=host, state=state, pid=pid, ppid=ppid)
     assert s.version("prefill") == "0.5.15" and s.backend("prefill") == "nixl"

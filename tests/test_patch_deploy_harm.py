@@ -185,7 +185,7 @@ def test_status_says_patched_not_running_until_the_restart_and_deploy_resumes_wi
         assert engine["state"] == "patched-not-running" and report["status"] == "patched-not-running"
         assert "patched on disk, not yet running" in engine["reason"]
         assert engine["running"]["verdict"] == "earlier-file"
-        assert engine["running"]["processes"][0]["pid"] == twin.pid("prefill")
+        assert engine["running"]["processes"][0]["pid"] == twin.scheduler_pid("prefill")
 
         before = twin.pid("prefill")
         record = deploy_mod.deploy(twin.inventory_path, liveness_deadline_s=LIVENESS_S)

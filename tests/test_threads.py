@@ -539,14 +539,14 @@ def _honest(check, logical_name):
 @pytest.mark.server
 def test_twin_threads_locally_and_over_ssh(twin, sshd):
     expected = expected_threads("0.5.15", "nixl")
-    prefill = twin.pid("prefill")
+    prefill = twin.scheduler_pid("prefill")
     local_dump = dump_threads(LocalHost(), prefill, py_spy=PY_SPY, label="prefill")
     assert local_dump.ok, local_dump.gaps
     check = check_threads(local_dump, expected, role="prefill")
     boot = check.frame.set_index("logical_name").loc["bootstrap"]
     assert (boot["status"], boot["found"]) == ("ok", 1) and boot["threads"].endswith("(bootstrap_thread)")
     _honest(check, "transfer_worker")
-    decode = check_threads(dump_threads(LocalHost(), twin.pid("decode"), py_spy=PY_SPY), expected, role="decode")
+    decode = check_threads(dump_threads(LocalHost(), twin.scheduler_pid("decode"), py_spy=PY_SPY), expected, role="decode")
     _honest(decode, "heartbeat")
     with _ssh(sshd) as host:
         remote = dump_threads(host, prefill, py_spy=PY_SPY, label="prefill")
@@ -562,7 +562,7 @@ def test_twin_wedge_bootstrap_missing_and_vanished(twin):  # last: it wedges the
     from twin_helpers import kill_client_during_transfer_wait, twin_state, wait_until
 
     expected = expected_threads("0.5.15", "nixl")
-    prefill = twin.pid("prefill")
+    prefill = twin.scheduler_pid("prefill")
     before = dump_threads(LocalHost(), prefill, py_spy=PY_SPY)
     assert check_threads(before, expected, role="prefill").frame.set_index("logical_name").loc[
         "bootstrap", "status"] == "ok"

@@ -112,7 +112,7 @@ def test_fifty_concurrent_streams_complete_with_kv_bytes_intact(vulnerable):
 def test_killed_client_kills_the_bootstrap_thread_and_health_stays_200(vulnerable):
     state = twin_state(vulnerable.prefill)
     assert state["bootstrap_thread_alive"] is True  # what the kill below changes
-    before = py_spy_threads(vulnerable.pid("prefill"))
+    before = py_spy_threads(vulnerable.scheduler_pid("prefill"))
     # Before the wedge the dump shows the loop blocked in its receive, under the name py-spy prints.
     assert {"MainThread", BOOTSTRAP_THREAD} <= set(before), before
     assert any(frame.startswith("NixlKVManager._start_bootstrap_thread.<locals>.bootstrap_thread (nixl/conn.py:")
@@ -140,14 +140,17 @@ def test_killed_client_kills_the_bootstrap_thread_and_health_stays_200(vulnerabl
         assert status_code(base + "/health_generate") == 200
     assert httpx.get(vulnerable.bootstrap + "/health").text == "OK"
     # The process is up and serving, but the loop's thread is gone from it: every other thread is still there.
-    after = py_spy_threads(vulnerable.pid("prefill"))
+    after = py_spy_threads(vulnerable.scheduler_pid("prefill"))
     assert BOOTSTRAP_THREAD not in after, after
     assert set(before) - {BOOTSTRAP_THREAD} <= set(after), (before, after)
-    # Left: the transfer workers, the release's bootstrap HTTP server thread and the process-CPU
-    # monitor (in sglang both live in the HTTP/tokenizer process; the twin's prefill is one process).
-    left = {name for name in after if not name.endswith((" (transfer_worker)", " (_run_server)", " (monitor)"))}
+    # Left in the scheduler: the transfer workers and sglang's scheduler watchdog; the release's
+    # bootstrap HTTP server and the CPU monitor live in the front, as in sglang, and still run.
+    left = {name for name in after if not name.endswith((" (transfer_worker)", " (_watchdog_thread)"))}
     assert left == {"MainThread"}, after
-    assert "bootstrap_thread" not in py_spy_dump(vulnerable.pid("prefill"))  # not even as a frame of another
+    front = py_spy_threads(vulnerable.pid("prefill"))
+    assert {"MainThread", "subprocess-watchdog"} <= set(front), front
+    assert {name.split(" ", 1)[1] for name in front if name.startswith("Thread-")} == {"(_run_server)", "(monitor)"}
+    assert "bootstrap_thread" not in py_spy_dump(vulnerable.scheduler_pid("prefill"))  # not even as a frame of another
 
 
 @pytest.mark.timeout(180)

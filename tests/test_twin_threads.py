@@ -48,7 +48,7 @@ def _generate(twin, text: str) -> dict:
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_every_expected_thread_runs(twin, role):
     _generate(twin, "warm up")  # threads that start on first use would show now
-    dump = dump_threads(LocalHost(), twin.pid(role), py_spy=PY_SPY)
+    dump = dump_threads(LocalHost(), twin.scheduler_pid(role), py_spy=PY_SPY)
     check = check_threads(dump, expected_threads("0.5.15", "nixl"), role=role)
     assert check.ok, (check.findings, check.frame.to_string())
     found = dict(zip(check.frame["logical_name"], check.frame["found"], strict=True))
@@ -58,7 +58,7 @@ def test_every_expected_thread_runs(twin, role):
 
 @pytest.mark.timeout(120)
 def test_transfer_workers_are_the_releases(twin):
-    pid = twin.pid("prefill")
+    pid = twin.scheduler_pid("prefill")
     dump = dump_threads(LocalHost(), pid, py_spy=PY_SPY)
     conn_py = str(twin.nixl_conn())
     workers = [t for t in dump.raw[pid] if WORKER.match(t.get("thread_name") or "")]
@@ -126,11 +126,11 @@ def test_thread_check_ok_on_other_releases(tmp_path, release):
         listener = Version(release) >= Version("0.5.20")
         expected = expected_threads(release, "nixl")
         for role in ("prefill", "decode"):
-            dump = dump_threads(LocalHost(), deployment.pid(role), py_spy=PY_SPY)
+            dump = dump_threads(LocalHost(), deployment.scheduler_pid(role), py_spy=PY_SPY)
             check = check_threads(dump, expected, role=role)
             assert check.ok, (release, role, check.findings, check.frame.to_string())
             assert int(check.frame["found"].sum()) == (5 if role == "prefill" else (2 if listener else 1))
-        pid = deployment.pid("decode")
+        pid = deployment.scheduler_pid("decode")
         dump = dump_threads(LocalHost(), pid, py_spy=PY_SPY)
         listeners = [t for t in dump.raw[pid] if (t.get("thread_name") or "").endswith("(decode_listener_thread)")]
         assert len(listeners) == (1 if listener else 0), [t.get("thread_name") for t in dump.raw[pid]]

@@ -35,6 +35,17 @@ ALLOWED: tuple[Allowed, ...] = (
             "bootstrap and counts it, as sglang does (observability/metrics_collector.py, "
             "increment_bootstrap_failed_reqs); mini_lb keeps waiting, so the real prefill's labelled counter never "
             "gets its first write and multiprocess mode leaves the family off the page", role="prefill", kind="extra"),
+    Allowed("processes", "the process serving the URL", "the twin's front (forensics.twin.role_tree) runs as "
+            "`python -m forensics.twin.<role>`, the command line `twin down`, a restart and a reader of `ps` know it "
+            "by; it takes launch_server's place: it listens on the role's URL and its children are the scheduler, "
+            "the detokenizer and the resource tracker; its threads are compared with launch_server's",
+            kind="different"),
+    Allowed("threads", "python -m sglang.launch_server: AnyIO worker thread", "uvicorn runs FastAPI's synchronous "
+            "endpoints on AnyIO's worker threads in sglang's HTTP process; the twin's front serves no endpoint "
+            "itself (it hands each connection to its scheduler, which answers on its event loop)", kind="missing"),
+    Allowed("threads", "sglang::scheduler: tqdm_monitor", "tqdm's monitor thread, started by the progress bar of "
+            "sglang's weight loading ('Multi-thread loading shards'); the twin's scheduler loads no weights",
+            kind="missing"),
     Allowed("generate", "/generate meta_info", "the twin's own instrumentation: kv_bytes, kv_intact and "
             "bootstrap_room prove the KV pages arrived intact (tests and benchmarks read them); they are added, "
             "never in place of a key the real engine writes", kind="extra-keys"),

@@ -212,6 +212,8 @@ def processes(target: RoleTarget, *, py_spy: str | None = None) -> list[dict]:
             continue
         dump = dump_threads(host, proc.pid, py_spy=py_spy or _py_spy(), timeout=60)
         row = {"title": title, "pid": proc.pid}
+        if proc is leader:
+            row["leader"] = True
         if dump.ok:
             row["threads"] = sorted(thread_name(n) for n in dump.frame["thread_name"].astype(str))
             row["dump"] = dump.raw[proc.pid]

@@ -203,10 +203,26 @@ def _multiset_text(counter: Counter) -> str:
     return ",".join(f"{k}x{n}" if n > 1 else k for k, n in sorted(counter.items()))
 
 
+def _leader(rows: list[dict]) -> dict | None:
+    """The row of the process serving the role's URL (marked by the capture; the first row, the
+    tree's root, in a capture made before the mark)."""
+    return next((row for row in rows if row.get("leader")), rows[0] if rows else None)
+
+
 def _compare_processes(real: Capture, twin: Capture, report: FidelityReport) -> None:
     for role in sorted(set(real.processes) | set(twin.processes)):
-        r = {row["title"]: row for row in real.processes.get(role, [])}
-        t = {row["title"]: row for row in twin.processes.get(role, [])}
+        real_rows, twin_rows = real.processes.get(role, []), twin.processes.get(role, [])
+        r = {row["title"]: row for row in real_rows}
+        t = {row["title"]: row for row in twin_rows}
+        # The leaders (sglang's launch_server, the twin's front) are one process under two titles:
+        # the title is one difference, their threads are compared under the real engine's title.
+        real_leader, twin_leader = _leader(real_rows), _leader(twin_rows)
+        if real_leader and twin_leader and real_leader["title"] != twin_leader["title"]:
+            _add(report, "processes", role, "the process serving the URL", "different", real_leader["title"],
+                 twin_leader["title"])
+            if real_leader["title"] not in t:
+                del t[twin_leader["title"]]
+                t[real_leader["title"]] = twin_leader
         for title in sorted(set(r) - set(t)):
             _add(report, "processes", role, title, "missing", f"{len(r[title].get('threads') or [])} threads")
         for title in sorted(set(t) - set(r)):

@@ -177,7 +177,16 @@ class Deployment:
         return self.inventory.engine("prefill").bootstrap_url
 
     def pid(self, role: str) -> int | None:
+        """The role's front: the process listening on its URL, whose children the scheduler and the
+        detokenizer are (``twin down`` and ``restart`` signal it), as the real engine's ``pid``."""
         return processes.read_pid(processes.pid_file(self.directory, role))
+
+    def scheduler_pid(self, role: str) -> int | None:
+        """The prefill's or the decode's scheduler (where ``bootstrap_thread`` runs: py-spy's target),
+        as the real engine's ``scheduler_pid``; None for the router or while none is recorded."""
+        if role == "router":
+            return None
+        return processes.read_pid(processes.scheduler_pid_file(self.directory, role))
 
     def log_path(self, role: str) -> Path:
         return processes.log_file(self.directory, role)
@@ -659,7 +668,8 @@ def build_inventory(settings: TwinSettings, inventory_path: Path) -> inventory_m
             log_file=str(processes.log_file(directory, role)),
             stderr_file=str(processes.log_file(directory, role)),
             process="sglang::router" if role == "router" else "sglang::scheduler",
-            pid_file=str(processes.pid_file(directory, role)),
+            pid_file=str(processes.pid_file(directory, role) if role == "router"
+                         else processes.scheduler_pid_file(directory, role)),
             restart=restart(role),
         ))
     return inventory_mod.Inventory(

@@ -48,7 +48,7 @@ from forensics import sglang_source
 from forensics.inventory.twin_table import TwinSettings
 from forensics.sandbox.managers import env_value, sglang_envs
 from forensics.sandbox.prefill import CountingSocket
-from forensics.twin import generate_answer, httpserver, wire
+from forensics.twin import generate_answer, httpserver, role_tree, wire
 from forensics.twin import nixl_transfer as nx
 from forensics.twin.logformat import decode_batch_line
 from forensics.twin.metrics import TwinMetrics
@@ -472,7 +472,7 @@ class DecodeServer(httpserver.EngineEndpoints):
                                     server_socket=self.listened)
         # --- end backend dispatch ---
         self.metrics = TwinMetrics(version, "decode")
-        self.metrics.start_cpu_monitor()
+        self.metrics.follow_cpu_files(role_tree.cpu_files(Path(settings.directory), "decode"))
         self.scheduler = DecodeScheduler(settings, self.rd, self.metrics, version)
         self.rd.start_threads()  # the release's own heartbeat (and, 0.5.20+, listener) threads
         self.started = time.time()
@@ -626,11 +626,20 @@ class DecodeServer(httpserver.EngineEndpoints):
 
 
 def main() -> None:
-    inv, settings = httpserver.process_setup("decode", "sglang::scheduler")
-    server = DecodeServer(settings, settings.release_of("decode")[0] if settings.decode_sglang
-                          else inv.sglang or settings.sglang)
-    httpserver.serve(server.app, settings.host, settings.decode_port, on_start=server.start, on_stop=server.stop,
-                     access_log=True)
+    from forensics.sandbox.shim import load_release
+    from forensics.twin.processes import bind_listener, inherited_listener
+
+    inv, settings = httpserver.process_setup("decode", None)
+    version = settings.release_of("decode")[0] if settings.decode_sglang else inv.sglang or settings.sglang
+    load_release(settings.release_of("decode")[1], version=version)  # imported once, before the fork
+    front = role_tree.RoleFront("decode", Path(settings.directory))
+    handoff = front.fork_scheduler()
+    if handoff is not None:  # the scheduler
+        server = DecodeServer(settings, version)
+        httpserver.serve(server.app, settings.host, settings.decode_port, on_start=server.start,
+                         on_stop=server.stop, access_log=True, handoff=handoff)
+    front.fork_detokenizer()
+    front.serve(inherited_listener(settings.decode_port) or bind_listener(settings.host, settings.decode_port))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 import uuid
@@ -123,7 +124,8 @@ class EngineEndpoints:
         return web.Response(status=200)
 
 
-def process_setup(role: str, title: str) -> tuple[inventory_mod.Inventory, TwinSettings]:
+def process_setup(role: str, title: str | None) -> tuple[inventory_mod.Inventory, TwinSettings]:
+    """Parse the role's arguments, set its title (None: keep the command line), configure its log."""
     from forensics.twin.processes import watch_lifeline
 
     watch_lifeline()  # first: a launcher that dies during our start-up takes us with it
@@ -132,12 +134,13 @@ def process_setup(role: str, title: str) -> tuple[inventory_mod.Inventory, TwinS
     args = parser.parse_args()
     inv = inventory_mod.load(args.inventory)
     settings = TwinSettings.from_dict(inv.twin)
-    try:
-        from setproctitle import setproctitle
+    if title is not None:
+        try:
+            from setproctitle import setproctitle
 
-        setproctitle(title)
-    except ImportError:  # pragma: no cover - the twin extra installs it
-        pass
+            setproctitle(title)
+        except ImportError:  # pragma: no cover - the twin extra installs it
+            pass
     logformat.configure(level=settings.log_level, version=inv.sglang or settings.sglang,
                         disaggregation_debug=settings.disaggregation_debug)
     sys.stdout.reconfigure(line_buffering=True)
@@ -178,6 +181,32 @@ def metrics_handler(metrics: TwinMetrics):
     return handle
 
 
+def serve_handed_connections(runner: web.AppRunner, handoff: socket.socket, on_front_gone: Callable[[], None]) -> None:
+    """Serve every connection the role's front hands over ``handoff`` (forensics.twin.role_tree):
+    each is a client's socket, accepted by the front, served here as if accepted here."""
+    loop = asyncio.get_running_loop()
+    handoff.setblocking(False)
+
+    def receive() -> None:
+        while True:
+            try:
+                word, fds, _flags, _addr = socket.recv_fds(handoff, 16, 16)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                word, fds = b"", []
+            if not word and not fds:  # the front is gone (PR_SET_PDEATHSIG ends us too)
+                loop.remove_reader(handoff.fileno())
+                on_front_gone()
+                return
+            for fd in fds:
+                client = socket.socket(fileno=fd)
+                client.setblocking(False)
+                spawn(loop.connect_accepted_socket(runner.server, client))
+
+    loop.add_reader(handoff.fileno(), receive)
+
+
 async def start_site(runner: web.AppRunner, host: str, port: int, *, backlog: int = 128) -> None:
     """Serve ``runner`` on the socket the launcher bound for ``port`` (no bind race), else bind it here."""
     from forensics.twin.processes import inherited_listener
@@ -213,10 +242,13 @@ def serve(
     on_start: Callable[[], Awaitable[None]] | None = None,
     on_stop: Callable[[], None] | None = None,
     access_log: bool = False,
+    handoff: socket.socket | None = None,
 ) -> None:
     """Run ``app`` until SIGTERM/SIGINT, then ``on_stop`` and leave at once.
 
-    ``access_log``: write uvicorn's access line for every request, as an sglang server does."""
+    ``access_log``: write uvicorn's access line for every request, as an sglang server does.
+    ``handoff``: serve the connections a role's front hands over it (a scheduler child: tell
+    the front when ready, feed sglang's scheduler watchdog) instead of listening on ``port``."""
 
     async def main() -> None:
         if access_log:
@@ -225,13 +257,27 @@ def serve(
         else:
             runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
-        await start_site(runner, host, port, backlog=2048)
-        if on_start is not None:
-            await on_start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        if handoff is None:
+            await start_site(runner, host, port, backlog=2048)
+        else:
+            serve_handed_connections(runner, handoff, stop.set)
+        if on_start is not None:
+            await on_start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if handoff is not None:
+            from forensics.twin.role_tree import READY, start_scheduler_watchdog
+
+            feed = start_scheduler_watchdog()
+
+            def turn() -> None:  # the watchdog starves only if this loop stops turning
+                feed()
+                loop.call_later(1.0, turn)
+
+            turn()
+            handoff.send(READY)
         log.info("The server is fired up and ready to roll!")  # entrypoints/http_server.py, as 0.5.x writes it
         await stop.wait()
 

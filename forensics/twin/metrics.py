@@ -27,8 +27,7 @@ engine's during a wedge.
 from __future__ import annotations
 
 import os
-import threading
-import time
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, generate_latest
 from prometheus_client.samples import Sample
@@ -69,7 +68,6 @@ ABSENT = _Absent()
 # component, incremented every 5 s by a "monitor" thread of the tokenizer manager and the detokenizer.
 CPU_MONITOR_FILE = "sglang/srt/observability/cpu_monitor.py"
 CPU_COUNTER = "sglang:process_cpu_seconds_total"
-CPU_MONITOR_INTERVAL_S = 5.0
 # Gauge multiprocess modes whose samples carry the writing process's pid (prometheus_client).
 PID_MODES = ("all", "liveall")
 
@@ -143,6 +141,8 @@ class TwinMetrics:
             s.name for s in self.specs.values() if s.kind == "gauge" and s.multiprocess_mode in PID_MODES})
         self._gauge_histograms = [s for s in self.specs.values() if s.bucket_bounds and s.collector == "scheduler"]
         self.cpu_seconds = self._cpu_counter()
+        self._cpu_files: dict[str, Path] = {}
+        self._cpu_counted: dict[str, float] = {}
         self.realtime_tokens = self._family("sglang:realtime_tokens_total")
         self.cuda_graph_passes = self._family("sglang:cuda_graph_passes_total")
         self._forward_labels = self._bound(self.release.find("sglang:realtime_tokens_total")) if (
@@ -219,31 +219,25 @@ class TwinMetrics:
         return Counter(CPU_COUNTER, "Total CPU time consumed by this process (user + system)", ["component"],
                        registry=self.registry)
 
-    def start_cpu_monitor(self, components: tuple[str, ...] = ("tokenizer", "detokenizer")) -> None:
-        """sglang's monitor: every 5 s, the process's CPU time since the last tick, per component.
-
-        The twin serves HTTP, tokenizes, schedules and detokenizes in one process: its CPU time is
-        the tokenizer's figure; the detokenizer's child exists (as on the real page) and stays at
-        the 0 the twin's absent detokenizer process spends.
-        """
+    def follow_cpu_files(self, files: dict[str, Path]) -> None:
+        """sglang's ``process_cpu_seconds_total`` per component, as the front's page gathers every
+        process's value in multiprocess mode: here from the files the front's ("tokenizer") and the
+        detokenizer's ``monitor`` threads write (forensics.twin.role_tree), read at each scrape."""
         if not self.cpu_seconds:
             return
-        import psutil
-
-        for component in components:
+        self._cpu_files = dict(files)
+        self._cpu_counted = {component: 0.0 for component in files}
+        for component in files:
             self.cpu_seconds.labels(component=component)
 
-        def monitor() -> None:
-            process = psutil.Process()
-            last = process.cpu_times()
-            while True:
-                time.sleep(CPU_MONITOR_INTERVAL_S)
-                now = process.cpu_times()
-                self.cpu_seconds.labels(component=components[0]).inc(
-                    (now.user - last.user) + (now.system - last.system))
-                last = now
+    def _count_cpu_files(self) -> None:
+        from forensics.twin.role_tree import read_cpu_seconds
 
-        threading.Thread(target=monitor, daemon=True).start()  # unnamed, as sglang's: "Thread-N (monitor)"
+        for component, path in self._cpu_files.items():
+            seconds = read_cpu_seconds(path)
+            if seconds is not None and seconds > self._cpu_counted[component]:
+                self.cpu_seconds.labels(component=component).inc(seconds - self._cpu_counted[component])
+                self._cpu_counted[component] = seconds
 
     def _bound(self, spec: MetricSpec) -> dict[str, str]:
         return {name: self._values[name] for name in spec.labelnames if name in self._values}
@@ -333,6 +327,7 @@ class TwinMetrics:
                 child.observe(value)
 
     def exposition(self) -> bytes:
+        self._count_cpu_files()
         return generate_latest(self._view)
 
 

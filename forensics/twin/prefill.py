@@ -32,12 +32,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from aiohttp import web
 
 from forensics.inventory.twin_table import TwinSettings
-from forensics.twin import httpserver, wire
+from forensics.twin import httpserver, role_tree, wire
 from forensics.twin import nixl_transfer as nx
 from forensics.twin.logformat import prefill_batch_line
 from forensics.twin.metrics import TwinMetrics
@@ -76,40 +77,50 @@ class BootstrapServer:
     it (no port race), and the ``TCPSite`` the release's ``_run_server`` asks for serves it.
     """
 
-    def __init__(self, release, backend: str, host: str, port: int) -> None:
+    @staticmethod
+    def server_class(release, backend: str) -> type:
         utils = release.module("utils")
-        cls = utils.get_kv_class(utils.TransferBackend(backend), utils.KVClassType.BOOTSTRAP_SERVER)
+        return utils.get_kv_class(utils.TransferBackend(backend), utils.KVClassType.BOOTSTRAP_SERVER)
+
+    def __init__(self, release, backend: str, host: str, port: int) -> None:
+        cls = self.server_class(release, backend)
         module_globals = cls._run_server.__globals__  # the module whose _run_server this is
         module_globals["web"] = _ListenerWeb(module_globals["web"], port)
         # 0.5.1 takes (port) and listens on every interface; later releases take (host, port).
         takes_host = "host" in inspect.signature(cls.__init__).parameters
         self.server = cls(host, port) if takes_host else cls(port)
         self.thread = self.server.thread
+        self.port = port
 
-    def register(self, manager, host: str, port: int, http_port: int) -> None:
-        """The prefill rank's PUT /route, by the release's own registration method (blocking)."""
-        register = getattr(manager, "register_to_bootstrap", None) or manager._register_to_bootstrap
-        # What CommonKVManager.__init__ reads from the server args (single node: no dist_init_addr).
-        manager.bootstrap_host, manager.bootstrap_port, manager.dist_init_addr = host, port, None
-        manager.server_args.port = http_port  # 0.5.16+ registers the prefill's HTTP port too
-        if not hasattr(manager, "dp_size"):  # up to 0.5.2, CommonKVManager.__init__ keeps server_args.dp_size
-            manager.dp_size = manager.server_args.dp_size
-        # sglang.srt.utils is stubbed in the sandbox (it imports torch); the network helpers up to
-        # 0.5.9 take their place here: this host is the rank's address, as get_ip would find it.
-        from forensics.sandbox.stubs import Stub
+    def check_registered(self) -> None:
+        """The prefill rank's PUT /route reached this server (the release logs a failure and carries on)."""
+        if not self.server.prefill_port_table:
+            raise RuntimeError(f"the prefill rank did not register with the release's bootstrap server on "
+                               f"{self.port} (see the release's error line above)")
 
-        module_globals = register.__func__.__globals__
-        helpers = {"get_ip": lambda: host, "get_local_ip_by_remote": lambda: host,
-                   "maybe_wrap_ipv6_address": lambda h: f"[{h}]" if ":" in h and not h.startswith("[") else h}
-        for name, helper in helpers.items():
-            if isinstance(module_globals.get(name), Stub):
-                module_globals[name] = helper
-        if "requests" in module_globals:
-            module_globals["requests"] = _StubFreeRequests(module_globals["requests"], Stub)
-        register()
-        if not self.server.prefill_port_table:  # the release logs its failure and carries on
-            raise RuntimeError(f"the prefill rank did not register with the release's bootstrap server on {port} "
-                               "(see the release's error line above)")
+
+def register_rank(manager, host: str, port: int, http_port: int) -> None:
+    """The prefill rank's PUT /route to the bootstrap server on ``port``, by the release's own
+    registration method (blocking), as the release's KV manager ``__init__`` makes it."""
+    register = getattr(manager, "register_to_bootstrap", None) or manager._register_to_bootstrap
+    # What CommonKVManager.__init__ reads from the server args (single node: no dist_init_addr).
+    manager.bootstrap_host, manager.bootstrap_port, manager.dist_init_addr = host, port, None
+    manager.server_args.port = http_port  # 0.5.16+ registers the prefill's HTTP port too
+    if not hasattr(manager, "dp_size"):  # up to 0.5.2, CommonKVManager.__init__ keeps server_args.dp_size
+        manager.dp_size = manager.server_args.dp_size
+    # sglang.srt.utils is stubbed in the sandbox (it imports torch); the network helpers up to
+    # 0.5.9 take their place here: this host is the rank's address, as get_ip would find it.
+    from forensics.sandbox.stubs import Stub
+
+    module_globals = register.__func__.__globals__
+    helpers = {"get_ip": lambda: host, "get_local_ip_by_remote": lambda: host,
+               "maybe_wrap_ipv6_address": lambda h: f"[{h}]" if ":" in h and not h.startswith("[") else h}
+    for name, helper in helpers.items():
+        if isinstance(module_globals.get(name), Stub):
+            module_globals[name] = helper
+    if "requests" in module_globals:
+        module_globals["requests"] = _StubFreeRequests(module_globals["requests"], Stub)
+    register()
 
 
 class _StubFreeRequests:
@@ -518,11 +529,11 @@ class PrefillServer(httpserver.EngineEndpoints):
         self.loop = PrefillLoop(self.release, backend=settings.backend, host=settings.host, capture_logs=False,
                                 kv=kv, transfer_workers=True, mooncake_engine=engine)
         self.metrics = TwinMetrics(version, "prefill")
-        self.metrics.start_cpu_monitor()
+        self.metrics.follow_cpu_files(role_tree.cpu_files(Path(settings.directory), "prefill"))
         self.scheduler = PrefillScheduler(settings, self.loop, self.metrics, version)
-        self.bootstrap = BootstrapServer(self.release, settings.backend, settings.host, settings.bootstrap_port)
-        # As the release's KV manager __init__ does, at once (no executor thread left behind).
-        self.bootstrap.register(self.loop.manager, settings.host, settings.bootstrap_port, settings.prefill_port)
+        # As the release's KV manager __init__ does, at once (no executor thread left behind), to
+        # the bootstrap server the front runs (forensics.twin.role_tree).
+        register_rank(self.loop.manager, settings.host, settings.bootstrap_port, settings.prefill_port)
         self.started = time.time()
         self.app = self.engine_app()
 
@@ -637,10 +648,22 @@ class PrefillServer(httpserver.EngineEndpoints):
 
 
 def main() -> None:
-    inv, settings = httpserver.process_setup("prefill", "sglang::scheduler")
-    server = PrefillServer(settings, inv.sglang or settings.sglang)
-    httpserver.serve(server.app, settings.host, settings.prefill_port, on_start=server.start, on_stop=server.stop,
-                     access_log=True)
+    from forensics.sandbox.shim import load_release
+    from forensics.twin.processes import bind_listener, inherited_listener
+    inv, settings = httpserver.process_setup("prefill", None)
+    version = inv.sglang or settings.sglang
+    release = load_release(settings.sglang_root, version=version)
+    BootstrapServer.server_class(release, settings.backend)  # imported once, before the fork
+    front = role_tree.RoleFront("prefill", Path(settings.directory))
+    handoff = front.fork_scheduler()
+    if handoff is not None:  # the scheduler
+        server = PrefillServer(settings, version)
+        httpserver.serve(server.app, settings.host, settings.prefill_port, on_start=server.start,
+                         on_stop=server.stop, access_log=True, handoff=handoff)
+    front.fork_detokenizer()
+    bootstrap = BootstrapServer(release, settings.backend, settings.host, settings.bootstrap_port)
+    front.serve(inherited_listener(settings.prefill_port) or bind_listener(settings.host, settings.prefill_port),
+                when_ready=bootstrap.check_registered)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,9 @@ from forensics.sandbox.loopback import UCX_LOOPBACK
 
 ROLE_ORDER = ("prefill", "decode", "router")
 READY_TIMEOUT_S = 60.0
-ROLE_TITLES = {"prefill": "sglang::scheduler", "decode": "sglang::scheduler", "router": "sglang::router"}
+# The title each role's front process sets (None: it keeps its command line, ``python -m
+# forensics.twin.<role>``; its scheduler child is ``sglang::scheduler``, forensics.twin.role_tree).
+ROLE_TITLES = {"prefill": None, "decode": None, "router": "sglang::router"}
 LIFELINE_ENV = "FORENSICS_TWIN_LIFELINE"
 LISTEN_FDS_ENV = "FORENSICS_TWIN_LISTEN_FDS"
 FAULT_ENV = "FORENSICS_TWIN_FAULT"
@@ -122,11 +124,25 @@ def inherited_listener(port: int) -> socket.socket | None:
     return None
 
 
+def close_inherited_listeners() -> None:
+    """In a child forked by a twin process: close its copies of the launcher's listening sockets."""
+    for item in filter(None, os.environ.pop(LISTEN_FDS_ENV, "").split(",")):
+        try:
+            os.close(int(item.partition(":")[2]))
+        except (OSError, ValueError):
+            pass
+
+
 # ------------------------------------------------------------------------------- pid files
 
 
 def pid_file(directory: Path, role: str) -> Path:
     return directory / f"{role}.pid"
+
+
+def scheduler_pid_file(directory: Path, role: str) -> Path:
+    """The pid of the role's ``sglang::scheduler`` child (forensics.twin.role_tree writes it)."""
+    return directory / f"{role}.scheduler.pid"
 
 
 def identity_file(directory: Path, role: str) -> Path:
@@ -219,6 +235,7 @@ def running_roles(directory: Path) -> list[str]:
 def forget(directory: Path, role: str) -> None:
     pid_file(directory, role).unlink(missing_ok=True)
     identity_file(directory, role).unlink(missing_ok=True)
+    scheduler_pid_file(directory, role).unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- starting
@@ -486,7 +503,7 @@ def deployment_process(directory: Path, role: str, ports) -> psutil.Process | No
         except (OSError, psutil.Error):
             continue
         shown = " ".join(part for part in cmdline if part).strip()
-        named = cmdline[1:3] == ["-m", f"forensics.twin.{role}"] or shown == ROLE_TITLES[role]
+        named = cmdline[1:3] == ["-m", f"forensics.twin.{role}"] or (ROLE_TITLES[role] and shown == ROLE_TITLES[role])
         if log in outputs and named:
             return proc
     return None
