@@ -485,8 +485,12 @@ def test_garbage_and_hung_pages_are_error_rows(servers):
         hung.released.set()
     scrapes = scraper.result().scrapes_frame()
     bad = scrapes[scrapes["host"] == "garbage"]
-    assert not bad["ok"].any() and (bad["http_status"] == 200).all()
-    assert bad["error"].str.startswith("ExpositionParseError: line 2: bad label set").all()
+    assert not bad["ok"].any()
+    # Every page that arrived is the parse error (200 and still an error row); on a loaded machine
+    # a scrape of it may also miss the 0.3 s deadline, which is a timeout row, never a good one.
+    answered = bad[bad["http_status"] == 200]
+    assert len(answered) >= 1 and answered["error"].str.startswith("ExpositionParseError: line 2: bad label set").all()
+    assert bad[bad["http_status"] != 200]["error"].str.contains("timed out").all()
     slow = scrapes[(scrapes["host"] == "hung") & ~scrapes["ok"]]
     assert len(slow) >= 2 and slow["error"].str.contains("timed out").all()
 
