@@ -627,20 +627,11 @@ class DecodeServer(httpserver.EngineEndpoints):
 
 def main() -> None:
     from forensics.sandbox.shim import load_release
-    from forensics.twin.processes import bind_listener, inherited_listener
 
     inv, settings = httpserver.process_setup("decode", None)
     version = settings.release_of("decode")[0] if settings.decode_sglang else inv.sglang or settings.sglang
     load_release(settings.release_of("decode")[1], version=version)  # imported once, before the fork
-    front = role_tree.RoleFront("decode", Path(settings.directory))
-    handoff = front.fork_scheduler()
-    if handoff is not None:  # the scheduler
-        server = DecodeServer(settings, version)
-        httpserver.serve(server.app, settings.host, settings.decode_port, on_start=server.start,
-                         on_stop=server.stop, access_log=True, handoff=handoff)
-    front.fork_detokenizer()
-    front.serve(inherited_listener(settings.decode_port) or bind_listener(settings.host, settings.decode_port))
-
+    httpserver.run_engine_role("decode", settings, settings.decode_port, lambda: DecodeServer(settings, version))
 
 if __name__ == "__main__":
     main()

@@ -290,6 +290,28 @@ def serve(
     _leave(on_stop, 0)
 
 
+def run_engine_role(role: str, settings: TwinSettings, port: int, make_server: Callable[[], EngineEndpoints], *,
+                    front_work: Callable[[], Callable[[], None]] | None = None) -> None:
+    """An engine role as sglang's tree (forensics.twin.role_tree): the forked scheduler serves
+    ``make_server()``'s app on the connections the front hands it; the front forks the detokenizer,
+    starts ``front_work`` (what launch_server's process runs besides, returning the check to make
+    once the scheduler is ready) and serves ``port``. Never returns."""
+    from pathlib import Path
+
+    from forensics.twin.processes import bind_listener, inherited_listener
+    from forensics.twin.role_tree import RoleFront
+
+    front = RoleFront(role, Path(settings.directory))
+    handoff = front.fork_scheduler()
+    if handoff is not None:  # the scheduler
+        server = make_server()
+        serve(server.app, settings.host, port, on_start=server.start, on_stop=server.stop, access_log=True,
+              handoff=handoff)
+    front.fork_detokenizer()
+    when_ready = front_work() if front_work is not None else None
+    front.serve(inherited_listener(port) or bind_listener(settings.host, port), when_ready=when_ready)
+
+
 def _leave(on_stop: Callable[[], None] | None, status: int) -> None:
     if on_stop is not None:
         try:

@@ -649,22 +649,17 @@ class PrefillServer(httpserver.EngineEndpoints):
 
 def main() -> None:
     from forensics.sandbox.shim import load_release
-    from forensics.twin.processes import bind_listener, inherited_listener
+
     inv, settings = httpserver.process_setup("prefill", None)
     version = inv.sglang or settings.sglang
     release = load_release(settings.sglang_root, version=version)
     BootstrapServer.server_class(release, settings.backend)  # imported once, before the fork
-    front = role_tree.RoleFront("prefill", Path(settings.directory))
-    handoff = front.fork_scheduler()
-    if handoff is not None:  # the scheduler
-        server = PrefillServer(settings, version)
-        httpserver.serve(server.app, settings.host, settings.prefill_port, on_start=server.start,
-                         on_stop=server.stop, access_log=True, handoff=handoff)
-    front.fork_detokenizer()
-    bootstrap = BootstrapServer(release, settings.backend, settings.host, settings.bootstrap_port)
-    front.serve(inherited_listener(settings.prefill_port) or bind_listener(settings.host, settings.prefill_port),
-                when_ready=bootstrap.check_registered)
 
+    def bootstrap_server():  # in the front, as sglang's tokenizer manager starts it
+        return BootstrapServer(release, settings.backend, settings.host, settings.bootstrap_port).check_registered
+
+    httpserver.run_engine_role("prefill", settings, settings.prefill_port, lambda: PrefillServer(settings, version),
+                               front_work=bootstrap_server)
 
 if __name__ == "__main__":
     main()
